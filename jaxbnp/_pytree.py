@@ -1,0 +1,71 @@
+"""Small helpers shared by the model classes: pytree registration and checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["ParameterPytree", "is_concrete", "concrete_value"]
+
+
+def is_concrete(value: Any) -> bool:
+    """True when ``value`` is a Python/NumPy number or a concrete JAX array (not a tracer)."""
+    return not isinstance(value, jax.core.Tracer)
+
+
+def concrete_value(value: Any) -> np.ndarray | None:
+    """``value`` as a NumPy array if it is concrete, else ``None`` (it is being traced)."""
+    if not is_concrete(value):
+        return None
+    try:
+        return np.asarray(value)
+    except Exception:  # pragma: no cover - exotic array types
+        return None
+
+
+class ParameterPytree:
+    """Base class for measures and families: their parameters are pytree leaves.
+
+    Subclasses list their parameter names in ``_fields`` and validate concrete
+    values in ``_validate``. Instances rebuilt by JAX (under ``jit``/``vmap``)
+    skip validation because their leaves may be tracers or batching sentinels.
+    """
+
+    _fields: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_pytree_node(cls, cls._flatten, cls._unflatten)
+
+    def _flatten(self):
+        return tuple(getattr(self, f) for f in self._fields), None
+
+    @classmethod
+    def _unflatten(cls, aux, leaves):
+        obj = object.__new__(cls)
+        for name, leaf in zip(cls._fields, leaves):
+            object.__setattr__(obj, name, leaf)
+        return obj
+
+    def _set(self, **values: Any) -> None:
+        for name in self._fields:
+            value = values[name]
+            if is_concrete(value) and not isinstance(value, jax.Array):
+                value = jnp.asarray(value, dtype=jnp.result_type(float))
+            object.__setattr__(self, name, value)
+
+    def replace(self, **changes: Any):
+        """A copy with some parameters replaced (no validation: used inside samplers)."""
+        leaves = [changes.get(f, getattr(self, f)) for f in self._fields]
+        return self._unflatten(None, leaves)
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in self._fields:
+            v = getattr(self, f)
+            c = concrete_value(v)
+            parts.append(f"{f}={c.tolist() if c is not None and c.size <= 4 else '...'}")
+        return f"{type(self).__name__}({', '.join(parts)})"

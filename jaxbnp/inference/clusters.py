@@ -1,0 +1,148 @@
+"""Fixed-capacity cluster state shared by every sampler (ARCHITECTURE.md).
+
+Clusters live in ``capacity`` slots: per-slot ``counts`` and additive
+sufficient ``stats`` (a pytree whose leaves have leading axis ``capacity``);
+a slot is active when its count is positive. ``labels[i]`` is the slot of
+point ``i``. A new cluster takes the first free slot; when none is free the
+state records ``overflow`` and the caller raises (or grows the capacity on
+the host and starts again): nothing is dropped silently.
+
+Example
+-------
+>>> import jax.numpy as jnp
+>>> from jaxbnp.models.families import NormalGamma
+>>> from jaxbnp.inference.clusters import init_clusters
+>>> st = init_clusters(NormalGamma(), jnp.zeros((4, 1)), jnp.array([0, 0, 5, 5]), capacity=4)
+>>> st.counts.tolist()
+[2, 2, 0, 0]
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._validation import check_labels
+
+__all__ = [
+    "ClusterState",
+    "init_clusters",
+    "move_point",
+    "canonical_labels",
+    "first_free_slot",
+    "CapacityError",
+    "raise_if_overflow",
+]
+
+
+class CapacityError(RuntimeError):
+    """Raised when a sampler needs more cluster slots than its capacity."""
+
+
+class ClusterState(NamedTuple):
+    """Cluster assignments in fixed-capacity arrays.
+
+    labels: ``(n,)`` int32 slot of each point.
+    counts: ``(capacity,)`` int32 points per slot.
+    stats: family statistics, leaves ``(capacity, ...)``.
+    overflow: bool, a new cluster was needed while every slot was used.
+    """
+
+    labels: jax.Array
+    counts: jax.Array
+    stats: Any
+    overflow: jax.Array
+
+    @property
+    def active(self) -> jax.Array:
+        """``(capacity,)`` mask of occupied slots."""
+        return self.counts > 0
+
+    @property
+    def num_clusters(self) -> jax.Array:
+        return jnp.sum(self.counts > 0)
+
+    @property
+    def capacity(self) -> int:
+        return self.counts.shape[-1]
+
+
+def compact_labels(labels: np.ndarray) -> np.ndarray:
+    """Relabel to ``0..K-1`` in order of first appearance (host side)."""
+    _, first_idx, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first_idx))
+    return order[inverse].astype(np.int32)
+
+
+def init_clusters(family, X, labels, capacity: int) -> ClusterState:
+    """Build the state from data and any integer labels (host side, validated).
+
+    Raises ``ValueError`` when the labels use more clusters than ``capacity``.
+    """
+    X = jnp.asarray(X)
+    lab = np.asarray(labels)
+    if isinstance(labels, jax.core.Tracer):  # pragma: no cover - traced init
+        lab_j = labels.astype(jnp.int32)
+    else:
+        lab = compact_labels(check_labels(lab, X.shape[0]))
+        k = int(lab.max()) + 1
+        if k > capacity:
+            raise ValueError(
+                f"The initial partition has {k} clusters but capacity is {capacity}; "
+                f"pass capacity >= {k}."
+            )
+        lab_j = jnp.asarray(lab)
+    counts = jnp.zeros(capacity, jnp.int32).at[lab_j].add(1)
+    stats = family.stats_from_labels(X, lab_j, capacity)
+    return ClusterState(lab_j, counts, stats, jnp.array(False))
+
+
+def first_free_slot(counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Index of the first empty slot and whether one exists."""
+    free = counts == 0
+    return jnp.argmax(free), jnp.any(free)
+
+
+def move_point(state: ClusterState, point_stats, old: jax.Array, new: jax.Array) -> ClusterState:
+    """Move one point (statistics ``point_stats``) from slot ``old`` to slot ``new``."""
+    stats = jax.tree.map(
+        lambda s, p: s.at[old].add(-p).at[new].add(p), state.stats, point_stats
+    )
+    counts = state.counts.at[old].add(-1).at[new].add(1)
+    return state._replace(counts=counts, stats=stats)
+
+
+def canonical_labels(labels: jax.Array, capacity: int) -> jax.Array:
+    """Relabel slots to ``0..K-1`` in order of first appearance (jit-compatible)."""
+    n = labels.shape[-1]
+    first = jax.ops.segment_min(jnp.arange(n), labels, num_segments=capacity)
+    rank = jnp.argsort(jnp.argsort(first))
+    return rank[labels].astype(jnp.int32)
+
+
+def _raise_overflow(flag, capacity):
+    if np.any(np.asarray(flag)):
+        raise CapacityError(
+            f"jaxbnp: all {int(np.asarray(capacity).reshape(-1)[0])} cluster slots are in use "
+            "and the sampler needed a new cluster. Pass a larger capacity (e.g. twice as "
+            "large) to the kernel; no draw was returned from the overflowing step."
+        )
+
+
+def raise_if_overflow(state: ClusterState) -> None:
+    """Inside jit: raise ``CapacityError`` on the host if ``state.overflow`` is set.
+
+    One host callback per call (about 0.1-0.3 ms), so call it once per sweep.
+    """
+    from jax.experimental import io_callback
+
+    io_callback(
+        _raise_overflow,
+        None,
+        state.overflow,
+        jnp.asarray(state.capacity, jnp.int32),
+        ordered=False,
+    )

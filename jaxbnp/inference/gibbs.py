@@ -1,0 +1,216 @@
+"""Collapsed Gibbs sampling for conjugate BNP mixtures (Neal's algorithm 3), pure core.
+
+A sweep visits every point once in index order: the point leaves its
+cluster, then joins an existing cluster ``c`` with weight
+``w_c · p(x_i | X_c)`` or a new one with weight ``w_new · p(x_i)``, where the
+measure gives the weights ``w`` (MATH.md §1) and the family the predictive
+(MATH.md §2). Everything is in log space and runs inside one ``fori_loop``.
+
+Kernel pattern (BlackJAX style): ``init(...) -> GibbsState`` and
+``step(key, state, X, measure, family) -> GibbsState``; many chains are a
+``jax.vmap`` over both.
+
+NGGP measures also carry ``u``, updated after each sweep by slice sampling
+on ``log u`` (MATH.md §1). Optional conjugate hyperparameter updates:
+``escobar_west_alpha`` (DP), ``nggp_alpha_update`` and ``nggp_sigma_update``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.scipy.special import gammaln
+
+from ..models.measures import Measure, NGGP, DP
+from .clusters import ClusterState, init_clusters
+from .slice import slice_sample
+
+__all__ = [
+    "GibbsState",
+    "init",
+    "gibbs_sweep",
+    "update_u",
+    "step",
+    "escobar_west_alpha",
+    "nggp_alpha_update",
+    "nggp_sigma_update",
+]
+
+
+class GibbsState(NamedTuple):
+    """State of one collapsed-Gibbs chain: clusters and the auxiliary ``u`` (1.0 if unused)."""
+
+    clusters: ClusterState
+    u: jax.Array
+
+
+def init(family, X, labels, capacity: int, u: float = 1.0) -> GibbsState:
+    """Initial state from data and labels (host side)."""
+    X = jnp.asarray(X)
+    return GibbsState(init_clusters(family, X, labels, capacity), jnp.asarray(u, X.dtype))
+
+
+def _index(tree, i):
+    return jax.tree.map(lambda a: a[i], tree)
+
+
+def _packer(tree):
+    """Pack a pytree with leading axis ``m`` into one ``(m, P)`` array, and its inverse.
+
+    One scatter then updates a slot's whole statistics (or cached predictive
+    parameters), which keeps the per-point loop body small.
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    shapes = [leaf.shape[1:] for leaf in leaves]
+    sizes = [int(np.prod(shape)) for shape in shapes]
+    dtype = jnp.result_type(*leaves)
+
+    def pack(t):
+        ls = jax.tree.leaves(t)
+        lead = ls[0].shape[:-len(shapes[0])] if shapes[0] else ls[0].shape
+        return jnp.concatenate(
+            [leaf.reshape(lead + (-1,)).astype(dtype) for leaf in ls], axis=-1
+        )
+
+    def unpack(a):
+        out, start = [], 0
+        for shape, size in zip(shapes, sizes):
+            out.append(a[..., start:start + size].reshape(a.shape[:-1] + shape))
+            start += size
+        return jax.tree.unflatten(treedef, out)
+
+    return pack, unpack
+
+
+def gibbs_sweep(
+    key: jax.Array,
+    clusters: ClusterState,
+    X: jax.Array,
+    measure: Measure,
+    family,
+    u: jax.Array | None = None,
+) -> ClusterState:
+    """One systematic-scan collapsed Gibbs sweep over all points.
+
+    Shapes: ``X`` ``(n, D)``; ``clusters`` with ``capacity`` slots. If a new
+    cluster is drawn while every slot is taken the point stays put and
+    ``overflow`` is set (the caller must raise; see ``raise_if_overflow``).
+    """
+    n = X.shape[0]
+    capacity = clusters.counts.shape[0]
+    # Gumbel-max: one draw of noise per sweep, argmax inside the loop
+    gumbels = jax.random.gumbel(key, (n, capacity + 1), dtype=X.dtype)
+    params = family.predictive_params(clusters.stats)
+    pack_stats, unpack_stats = _packer(clusters.stats)
+    pack_params, unpack_params = _packer(params)
+    prior_params = family.predictive_params(family.empty_stats(1, X.shape[1], X.dtype))
+    # log p(x_i) under the prior does not depend on the state: all points at once
+    prior_log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, prior_params)[0])(X)
+    slots = jnp.arange(capacity)
+
+    def body(i, carry):
+        labels, counts, stats, params, overflow, pending = carry
+        x = X[i]
+        ps = pack_stats(family.point_stats(x[None]))[0]
+        old = labels[i]
+        # remove point i
+        counts = counts.at[old].add(-1)
+        stats = stats.at[old].add(-ps)
+        # refresh, in one batch, the slot point i-1 joined and the slot point i left
+        touched = jnp.stack([pending, old])
+        fresh = family.predictive_params(unpack_stats(stats[touched]))
+        params = params.at[touched].set(pack_params(fresh))
+        # weights (MATH.md §1) times predictive (MATH.md §2)
+        log_existing, log_new = measure.gibbs_log_weights(counts, u)
+        log_pred = family.log_predictive_from_params(x, unpack_params(params))
+        new_logit = log_new + prior_log_pred[i]
+        free = counts == 0
+        free_slot = jnp.argmax(free)
+        has_free = jnp.any(free)
+        logits = jnp.where(free, -jnp.inf, log_existing + log_pred)
+        logits = jnp.where((slots == free_slot) & has_free, new_logit, logits)
+        logits = jnp.append(logits, jnp.where(has_free, -jnp.inf, new_logit))
+        choice = jnp.argmax(logits + gumbels[i])
+        overflow = overflow | (choice == capacity)
+        new = jnp.where(choice == capacity, old, choice).astype(labels.dtype)
+        # add point i
+        counts = counts.at[new].add(1)
+        stats = stats.at[new].add(ps)
+        labels = labels.at[i].set(new)
+        return labels, counts, stats, params, overflow, new
+
+    carry = (
+        clusters.labels, clusters.counts, pack_stats(clusters.stats), pack_params(params),
+        clusters.overflow, clusters.labels[0],
+    )
+    labels, counts, stats, _, overflow, _ = lax.fori_loop(0, n, body, carry)
+    stats = unpack_stats(stats)
+    return ClusterState(labels, counts, stats, overflow)
+
+
+def update_u(key: jax.Array, u: jax.Array, counts: jax.Array, measure: NGGP) -> jax.Array:
+    """Slice-sample ``log u`` from ``p(log u | Π)`` (MATH.md §1)."""
+    log_u = slice_sample(key, lambda t: measure.log_u_conditional(t, counts), jnp.log(u))
+    return jnp.exp(log_u)
+
+
+def step(
+    key: jax.Array, state: GibbsState, X: jax.Array, measure: Measure, family
+) -> GibbsState:
+    """One Gibbs sweep, then (NGGP) one slice update of ``u``."""
+    k_sweep, k_u = jax.random.split(key)
+    clusters = gibbs_sweep(k_sweep, state.clusters, X, measure, family, state.u)
+    u = state.u
+    if measure.has_auxiliary:
+        u = update_u(k_u, u, clusters.counts, measure)
+    return GibbsState(clusters, u)
+
+
+# ----------------------------------------------------------------------------- hyperparameters
+def escobar_west_alpha(
+    key: jax.Array, alpha: jax.Array, num_clusters: jax.Array, num_points: int,
+    shape: float, rate: float,
+) -> jax.Array:
+    """Escobar & West (1995) update of DP ``alpha`` under a ``Gamma(shape, rate)`` prior.
+
+    ``η ~ Beta(α+1, n)``; with odds ``(a+K−1)/(n(b−log η))`` draw
+    ``α ~ Gamma(a+K, b−log η)``, else ``α ~ Gamma(a+K−1, b−log η)``.
+    """
+    k_eta, k_mix, k_gamma = jax.random.split(key, 3)
+    eta = jax.random.beta(k_eta, alpha + 1.0, jnp.asarray(num_points, alpha.dtype))
+    eta = jnp.maximum(eta, jnp.finfo(alpha.dtype).tiny)
+    post_rate = rate - jnp.log(eta)
+    odds = (shape + num_clusters - 1.0) / (num_points * post_rate)
+    use_k = jax.random.uniform(k_mix) < odds / (1.0 + odds)
+    post_shape = shape + num_clusters - jnp.where(use_k, 0.0, 1.0)
+    return jax.random.gamma(k_gamma, post_shape, dtype=alpha.dtype) / post_rate
+
+
+def nggp_alpha_update(
+    key: jax.Array, measure: NGGP, u: jax.Array, num_clusters: jax.Array,
+    shape: float, rate: float,
+) -> jax.Array:
+    """Conjugate NGGP ``alpha | Π, u, σ ~ Gamma(a + K, b + (u+τ)^σ − τ^σ)`` (MATH.md §1)."""
+    post_rate = rate + (u + measure.tau) ** measure.sigma - measure.tau**measure.sigma
+    return jax.random.gamma(key, shape + num_clusters, dtype=u.dtype) / post_rate
+
+
+def nggp_sigma_update(
+    key: jax.Array, measure: NGGP, u: jax.Array, counts: jax.Array,
+    beta_a: float, beta_b: float,
+) -> jax.Array:
+    """Slice update of NGGP ``sigma`` on the logit scale under a ``Beta(a, b)`` prior."""
+
+    def log_density(t):
+        sigma = jax.nn.sigmoid(t)
+        m = measure.replace(sigma=sigma)
+        log_prior = (beta_a - 1.0) * jnp.log(sigma) + (beta_b - 1.0) * jnp.log1p(-sigma)
+        log_jac = jnp.log(sigma) + jnp.log1p(-sigma)
+        return log_prior + log_jac + m.log_eppf(counts, u)
+
+    t0 = jnp.log(measure.sigma) - jnp.log1p(-measure.sigma)
+    return jax.nn.sigmoid(slice_sample(key, log_density, t0))

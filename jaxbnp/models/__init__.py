@@ -1,0 +1,11 @@
+"""What the models are: random measures, conjugate families, NumPyro distributions."""
+
+from .distributions import AuxiliaryU, ConjugateMixture, Partition, log_joint
+from .families import BetaBernoulli, DirichletMultinomial, Family, NormalGamma, NormalWishart
+from .measures import DP, NGGP, Measure, PitmanYor
+
+__all__ = [
+    "AuxiliaryU", "ConjugateMixture", "Partition", "log_joint",
+    "BetaBernoulli", "DirichletMultinomial", "Family", "NormalGamma", "NormalWishart",
+    "DP", "NGGP", "Measure", "PitmanYor",
+]

@@ -1,0 +1,475 @@
+"""Conjugate families with collapsed marginal likelihoods (MATH.md §2).
+
+A family turns data into additive sufficient statistics (one pytree per
+point, summed per cluster), and gives
+
+* ``log_marginal(stats)``: ``log P(X_c)`` for every cluster (leading axes are
+  batch axes),
+* ``log_predictive(x, stats)``: ``log p(x | X_c)`` for one point ``x`` and
+  every cluster, equal to ``log_marginal(stats + s(x)) - log_marginal(stats)``.
+
+The predictive is written once, split in two so samplers can cache it:
+``predictive_params(stats)`` (per cluster, recomputed only for clusters that
+change) and ``log_predictive_from_params(x, params)``.
+
+Families
+--------
+* ``NormalGamma(m0, k0, a0, b0)``: diagonal Gaussian, per-dimension
+  Normal-Gamma prior; statistics ``(n, Σx, Σx²)``.
+* ``NormalWishart(m0, r, nu, psi)``: full-covariance Gaussian,
+  ``Λ ~ Wishart(ν, Ψ⁻¹)`` with ``psi`` the inverse scale Ψ; statistics
+  ``(n, Σx, Σxxᵀ)``.
+* ``DirichletMultinomial(beta)``: bags of words (count vectors).
+* ``BetaBernoulli(a, b)``: binary features.
+
+Example
+-------
+>>> import jax.numpy as jnp
+>>> from jaxbnp.models.families import NormalGamma
+>>> fam = NormalGamma(m0=0.0, k0=1.0, a0=1.0, b0=1.0)
+>>> stats = fam.stats_from_labels(jnp.ones((3, 2)), jnp.array([0, 0, 1]), 2)
+>>> fam.log_marginal(stats).shape
+(2,)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import betaln, gammaln, multigammaln
+
+from .._pytree import ParameterPytree, concrete_value
+
+__all__ = [
+    "Family",
+    "NormalGamma",
+    "NormalWishart",
+    "DirichletMultinomial",
+    "BetaBernoulli",
+]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+_LOG_PI = math.log(math.pi)
+
+
+def _require_positive(owner: str, name: str, value: Any) -> None:
+    c = concrete_value(value)
+    if c is None:
+        return
+    if not np.all(np.isfinite(c)):
+        raise ValueError(f"{owner}: {name} must be finite, got {c}.")
+    if not np.all(c > 0):
+        raise ValueError(f"{owner}: {name} must be > 0, got {c}. Pass a positive value.")
+
+
+def _require_finite(owner: str, name: str, value: Any) -> None:
+    c = concrete_value(value)
+    if c is not None and not np.all(np.isfinite(c)):
+        raise ValueError(f"{owner}: {name} must be finite, got {c}.")
+
+
+class Family(ParameterPytree):
+    """Protocol shared by the conjugate families (MATH.md §2)."""
+
+    #: name of the data kind, used in error messages
+    data_kind: str = "real"
+
+    def point_stats(self, X: jax.Array):
+        """Sufficient statistics of each point: a pytree with leading axis ``n``."""
+        raise NotImplementedError
+
+    def empty_stats(self, capacity: int, dim: int, dtype=None):
+        """Statistics of ``capacity`` empty clusters."""
+        dtype = dtype or jnp.result_type(float)
+        one = self.point_stats(jnp.zeros((1, dim), dtype))
+        return jax.tree.map(lambda s: jnp.zeros((capacity,) + s.shape[1:], s.dtype), one)
+
+    def stats_from_labels(self, X: jax.Array, labels: jax.Array, capacity: int):
+        """Per-cluster statistics, shape ``(capacity, ...)``, summed by ``labels``."""
+        ps = self.point_stats(X)
+        return jax.tree.map(
+            lambda s: jax.ops.segment_sum(s, labels, num_segments=capacity), ps
+        )
+
+    def log_marginal(self, stats) -> jax.Array:
+        raise NotImplementedError
+
+    def predictive_params(self, stats):
+        raise NotImplementedError
+
+    def log_predictive_from_params(self, x: jax.Array, params) -> jax.Array:
+        raise NotImplementedError
+
+    def log_predictive(self, x: jax.Array, stats) -> jax.Array:
+        """``log p(x | X_c)`` for one point ``x`` (shape ``(D,)``) and every cluster."""
+        return self.log_predictive_from_params(x, self.predictive_params(stats))
+
+    def prior_log_predictive(self, x: jax.Array) -> jax.Array:
+        """``log p(x)`` under the prior (a new cluster)."""
+        stats = self.empty_stats(1, x.shape[-1], x.dtype)
+        return self.log_predictive(x, stats)[0]
+
+    def validate_data(self, X: np.ndarray) -> None:
+        """Raise ``ValueError`` if ``X`` cannot be modelled by this family."""
+
+    @classmethod
+    def from_data(cls, X: Any) -> "Family":  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------- Normal-Gamma
+class NormalGammaStats(NamedTuple):
+    n: jax.Array  # (..., )
+    sum_x: jax.Array  # (..., D)
+    sum_xx: jax.Array  # (..., D)
+
+
+class NormalGamma(Family):
+    """Diagonal Gaussian with a Normal-Gamma prior per dimension (MATH.md §2).
+
+    ``μ_d | λ_d ~ N(m0_d, 1/(k0 λ_d))``, ``λ_d ~ Gamma(a0, rate=b0_d)``.
+    ``m0`` and ``b0`` may be scalars or length-``D`` vectors; ``k0`` and ``a0``
+    are scalars. The predictive is a product of Student-t densities with
+    ``2 a_n`` degrees of freedom, location ``m_n`` and squared scale
+    ``b_n (k_n + 1) / (a_n k_n)``.
+    """
+
+    _fields = ("m0", "k0", "a0", "b0")
+
+    def __init__(self, m0: Any = 0.0, k0: Any = 1.0, a0: Any = 1.0, b0: Any = 1.0):
+        _require_finite("NormalGamma", "m0", m0)
+        for name, v in (("k0", k0), ("a0", a0), ("b0", b0)):
+            _require_positive("NormalGamma", name, v)
+        self._set(m0=m0, k0=k0, a0=a0, b0=b0)
+
+    @classmethod
+    def from_data(cls, X: Any, k0: float = 0.1, a0: float = 2.0) -> "NormalGamma":
+        """Weakly informative prior from the data.
+
+        ``m0`` = per-dimension mean, ``k0 = 0.1``, ``a0 = 2``, and ``b0`` =
+        per-dimension variance × ``(a0 − 1)`` so that the prior mean of the
+        variance ``b0/(a0−1)`` equals the data variance.
+        """
+        X = np.asarray(X, dtype=float)
+        var = np.var(X, axis=0)
+        var = np.where(var > 0, var, 1.0)
+        return cls(m0=X.mean(axis=0), k0=k0, a0=a0, b0=var * (a0 - 1.0))
+
+    def point_stats(self, X):
+        X = jnp.asarray(X)
+        return NormalGammaStats(jnp.ones(X.shape[:-1], X.dtype), X, X * X)
+
+    def _posterior(self, stats):
+        n = stats.n[..., None]
+        kn = self.k0 + n
+        mn = (self.k0 * self.m0 + stats.sum_x) / kn
+        an = self.a0 + 0.5 * n
+        bn = self.b0 + 0.5 * (stats.sum_xx + self.k0 * self.m0**2 - kn * mn**2)
+        return kn, mn, an, bn
+
+    def log_marginal(self, stats):
+        kn, mn, an, bn = self._posterior(stats)
+        n = stats.n[..., None]
+        per_dim = (
+            gammaln(an)
+            - gammaln(self.a0)
+            + self.a0 * jnp.log(self.b0)
+            - an * jnp.log(bn)
+            + 0.5 * (jnp.log(self.k0) - jnp.log(kn))
+            - 0.5 * n * _LOG_2PI
+        )
+        return jnp.sum(per_dim, axis=-1)
+
+    def predictive_params(self, stats):
+        kn, mn, an, bn = self._posterior(stats)
+        dof = 2.0 * an
+        scale2 = bn * (kn + 1.0) / (an * kn)
+        log_norm = (
+            gammaln(0.5 * (dof + 1.0))
+            - gammaln(0.5 * dof)
+            - 0.5 * jnp.log(dof * jnp.pi * scale2)
+        )
+        # store dof as (..., D): all dimensions share it but this keeps shapes simple
+        return (mn, 1.0 / (dof * scale2), 0.5 * (dof + 1.0), jnp.sum(log_norm, -1))
+
+    def log_predictive_from_params(self, x, params):
+        mn, inv_dof_scale2, half_dof1, log_norm = params
+        z = (x - mn) ** 2 * inv_dof_scale2
+        return log_norm - jnp.sum(half_dof1 * jnp.log1p(z), axis=-1)
+
+    def validate_data(self, X):
+        m0 = concrete_value(self.m0)
+        if m0 is not None and m0.ndim == 1 and m0.shape[0] != X.shape[1]:
+            raise ValueError(
+                f"NormalGamma: m0 has length {m0.shape[0]} but the data have {X.shape[1]} columns."
+            )
+        b0 = concrete_value(self.b0)
+        if b0 is not None and b0.ndim == 1 and b0.shape[0] != X.shape[1]:
+            raise ValueError(
+                f"NormalGamma: b0 has length {b0.shape[0]} but the data have {X.shape[1]} columns."
+            )
+
+
+# ----------------------------------------------------------------------------- Normal-Wishart
+class NormalWishartStats(NamedTuple):
+    n: jax.Array  # (...,)
+    sum_x: jax.Array  # (..., D)
+    sum_xx: jax.Array  # (..., D, D)
+
+
+class NormalWishart(Family):
+    """Full-covariance Gaussian with a Normal-Wishart prior (MATH.md §2).
+
+    ``μ | Λ ~ N(m0, (r Λ)^−1)``, ``Λ ~ Wishart(ν, Ψ^−1)``; ``psi`` is the
+    inverse scale ``Ψ`` (symmetric positive definite, ``D × D``), ``nu > D − 1``.
+    The predictive is a multivariate t with ``ν_n − D + 1`` degrees of freedom,
+    location ``m_n`` and scale ``Ψ_n (r_n + 1) / (r_n (ν_n − D + 1))``.
+    """
+
+    _fields = ("m0", "r", "nu", "psi")
+
+    def __init__(self, m0: Any, r: Any, nu: Any, psi: Any):
+        _require_finite("NormalWishart", "m0", m0)
+        _require_positive("NormalWishart", "r", r)
+        psi_c = concrete_value(psi)
+        m0_c = concrete_value(m0)
+        if psi_c is not None:
+            if psi_c.ndim != 2 or psi_c.shape[0] != psi_c.shape[1]:
+                raise ValueError(
+                    f"NormalWishart: psi must be a square D x D matrix, got shape {psi_c.shape}."
+                )
+            if not np.all(np.isfinite(psi_c)):
+                raise ValueError("NormalWishart: psi must be finite.")
+            if not np.allclose(psi_c, psi_c.T, rtol=1e-8, atol=1e-10):
+                raise ValueError("NormalWishart: psi must be symmetric; pass (psi + psi.T) / 2.")
+            if np.linalg.eigvalsh(psi_c).min() <= 0:
+                raise ValueError(
+                    "NormalWishart: psi (the inverse scale) must be positive definite; "
+                    "its smallest eigenvalue is "
+                    f"{np.linalg.eigvalsh(psi_c).min():.3g}. Add a multiple of the identity "
+                    "or use NormalWishart.from_data(X)."
+                )
+            if m0_c is not None and m0_c.shape != (psi_c.shape[0],):
+                raise ValueError(
+                    f"NormalWishart: m0 must have shape ({psi_c.shape[0]},) to match psi, "
+                    f"got {m0_c.shape}."
+                )
+            nu_c = concrete_value(nu)
+            if nu_c is not None and not float(nu_c) > psi_c.shape[0] - 1:
+                raise ValueError(
+                    f"NormalWishart: nu must be > D - 1 = {psi_c.shape[0] - 1}, got {float(nu_c)}."
+                )
+        self._set(m0=m0, r=r, nu=nu, psi=psi)
+
+    @classmethod
+    def from_data(cls, X: Any, r: float = 0.1, extra_dof: float = 6.0, det_psi: float = 0.1):
+        """The tgMCMC paper's settings (MATH.md §2).
+
+        ``r = 0.1``, ``ν = D + 6``, ``m0`` = sample mean and
+        ``Ψ = S / (det(S)/0.1)^(1/D)`` with ``S`` the sample covariance, so
+        that ``det Ψ = 0.1``.
+        """
+        X = np.asarray(X, dtype=float)
+        d = X.shape[1]
+        S = np.atleast_2d(np.cov(X, rowvar=False))
+        sign, logdet = np.linalg.slogdet(S)
+        if sign <= 0:
+            raise ValueError(
+                "NormalWishart.from_data: the sample covariance is singular "
+                "(constant or collinear columns); drop them or pass psi yourself."
+            )
+        psi = S / np.exp((logdet - np.log(det_psi)) / d)
+        return cls(m0=X.mean(axis=0), r=r, nu=d + extra_dof, psi=psi)
+
+    def point_stats(self, X):
+        X = jnp.asarray(X)
+        return NormalWishartStats(
+            jnp.ones(X.shape[:-1], X.dtype), X, X[..., :, None] * X[..., None, :]
+        )
+
+    def _posterior(self, stats):
+        n = stats.n
+        rn = self.r + n
+        nun = self.nu + n
+        mn = (self.r * self.m0 + stats.sum_x) / rn[..., None]
+        psin = (
+            self.psi
+            + stats.sum_xx
+            + self.r * jnp.outer(self.m0, self.m0)
+            - rn[..., None, None] * mn[..., :, None] * mn[..., None, :]
+        )
+        return rn, nun, mn, psin
+
+    def log_marginal(self, stats):
+        d = self.psi.shape[-1]
+        rn, nun, mn, psin = self._posterior(stats)
+        n = stats.n
+        _, logdet_psi = jnp.linalg.slogdet(self.psi)
+        chol = jnp.linalg.cholesky(psin)
+        logdet_psin = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), -1)
+        return (
+            -0.5 * n * d * _LOG_PI
+            + 0.5 * d * (jnp.log(self.r) - jnp.log(rn))
+            + 0.5 * self.nu * logdet_psi
+            - 0.5 * nun * logdet_psin
+            + multigammaln(0.5 * nun, d)
+            - multigammaln(0.5 * self.nu, d)
+        )
+
+    def predictive_params(self, stats):
+        d = self.psi.shape[-1]
+        rn, nun, mn, psin = self._posterior(stats)
+        dof = nun - d + 1.0
+        scale = psin * ((rn + 1.0) / (rn * dof))[..., None, None]
+        chol = jnp.linalg.cholesky(scale)
+        eye = jnp.eye(d, dtype=chol.dtype)
+        inv_chol = jax.scipy.linalg.solve_triangular(
+            chol, jnp.broadcast_to(eye, chol.shape), lower=True
+        )
+        logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), -1)
+        log_norm = (
+            gammaln(0.5 * (dof + d))
+            - gammaln(0.5 * dof)
+            - 0.5 * d * jnp.log(dof * jnp.pi)
+            - 0.5 * logdet
+        )
+        return (mn, inv_chol, dof, log_norm)
+
+    def log_predictive_from_params(self, x, params):
+        mn, inv_chol, dof, log_norm = params
+        d = mn.shape[-1]
+        # multiply-and-sum (not einsum): fuses with the rest on CPU, ~10% faster per Gibbs step
+        y = jnp.sum(inv_chol * (x - mn)[..., None, :], axis=-1)
+        maha = jnp.sum(y * y, -1)
+        return log_norm - 0.5 * (dof + d) * jnp.log1p(maha / dof)
+
+    def validate_data(self, X):
+        d = self.psi.shape[-1]
+        if X.shape[1] != d:
+            raise ValueError(
+                f"NormalWishart: psi is {d} x {d} but the data have {X.shape[1]} columns."
+            )
+
+
+# ----------------------------------------------------------------------------- Dirichlet-multinomial
+class CountStats(NamedTuple):
+    n: jax.Array  # (...,) number of documents
+    counts: jax.Array  # (..., V) summed counts
+
+
+class DirichletMultinomial(Family):
+    """Bags of words with a ``Dir(beta)`` prior on each cluster's word distribution (MATH.md §2).
+
+    ``beta`` is a scalar (symmetric) or a length-``V`` vector. Data are
+    non-negative integer count vectors. The multinomial coefficient is
+    dropped (constant in the partition).
+    """
+
+    _fields = ("beta",)
+    data_kind = "counts"
+
+    def __init__(self, beta: Any = 1.0):
+        _require_positive("DirichletMultinomial", "beta", beta)
+        self._set(beta=beta)
+
+    @classmethod
+    def from_data(cls, X: Any, beta: float = 0.5) -> "DirichletMultinomial":
+        """Symmetric Jeffreys-like prior ``beta = 0.5`` for every word."""
+        X = np.asarray(X)
+        return cls(beta=np.full(X.shape[1], beta))
+
+    def _beta(self, vocab: int):
+        return jnp.broadcast_to(self.beta, (vocab,))
+
+    def point_stats(self, X):
+        X = jnp.asarray(X)
+        return CountStats(jnp.ones(X.shape[:-1], X.dtype), X)
+
+    def log_marginal(self, stats):
+        beta = self._beta(stats.counts.shape[-1])
+        total = jnp.sum(stats.counts, -1)
+        sb = jnp.sum(beta)
+        return (
+            gammaln(sb)
+            - gammaln(sb + total)
+            + jnp.sum(gammaln(beta + stats.counts) - gammaln(beta), -1)
+        )
+
+    def predictive_params(self, stats):
+        beta = self._beta(stats.counts.shape[-1])
+        return (beta + stats.counts, jnp.sum(beta + stats.counts, -1))
+
+    def log_predictive_from_params(self, x, params):
+        post, post_total = params
+        nx = jnp.sum(x)
+        return (
+            gammaln(post_total)
+            - gammaln(post_total + nx)
+            + jnp.sum(gammaln(post + x) - gammaln(post), -1)
+        )
+
+    def validate_data(self, X):
+        if np.any(X < 0) or not np.all(np.equal(np.round(X), X)):
+            raise ValueError(
+                "DirichletMultinomial: data must be non-negative integer counts "
+                "(one row per document, one column per word)."
+            )
+        b = concrete_value(self.beta)
+        if b is not None and b.ndim == 1 and b.shape[0] != X.shape[1]:
+            raise ValueError(
+                f"DirichletMultinomial: beta has length {b.shape[0]} but the data have "
+                f"{X.shape[1]} columns (words)."
+            )
+
+
+# ----------------------------------------------------------------------------- Beta-Bernoulli
+class BinaryStats(NamedTuple):
+    n: jax.Array  # (...,)
+    ones: jax.Array  # (..., D)
+
+
+class BetaBernoulli(Family):
+    """Binary features, each with a ``Beta(a, b)`` prior on its probability (MATH.md §2)."""
+
+    _fields = ("a", "b")
+    data_kind = "binary"
+
+    def __init__(self, a: Any = 1.0, b: Any = 1.0):
+        _require_positive("BetaBernoulli", "a", a)
+        _require_positive("BetaBernoulli", "b", b)
+        self._set(a=a, b=b)
+
+    @classmethod
+    def from_data(cls, X: Any) -> "BetaBernoulli":
+        """Uniform ``Beta(1, 1)`` prior on every feature."""
+        return cls(a=1.0, b=1.0)
+
+    def point_stats(self, X):
+        X = jnp.asarray(X)
+        return BinaryStats(jnp.ones(X.shape[:-1], X.dtype), X)
+
+    def log_marginal(self, stats):
+        n = stats.n[..., None]
+        return jnp.sum(
+            betaln(self.a + stats.ones, self.b + n - stats.ones) - betaln(self.a, self.b), -1
+        )
+
+    def predictive_params(self, stats):
+        n = stats.n[..., None]
+        log_total = jnp.log(self.a + self.b + n)
+        return (
+            jnp.log(self.a + stats.ones) - log_total,
+            jnp.log(self.b + n - stats.ones) - log_total,
+        )
+
+    def log_predictive_from_params(self, x, params):
+        log_p1, log_p0 = params
+        return jnp.sum(x * log_p1 + (1.0 - x) * log_p0, -1)
+
+    def validate_data(self, X):
+        if not np.all((X == 0) | (X == 1)):
+            raise ValueError("BetaBernoulli: data must be binary (0 or 1 in every entry).")
