@@ -5,6 +5,7 @@ The library computes in JAX's default dtype (float32 unless
 in float64.
 """
 
+from . import datasets
 from .inference import CapacityError, ClusterState, CollapsedGibbs, collapsed_gibbs_fn
 from .models import (
     DP,
@@ -23,6 +24,7 @@ from .models import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "datasets",
     "DP", "NGGP", "PitmanYor",
     "NormalGamma", "NormalWishart", "DirichletMultinomial", "BetaBernoulli",
     "Partition", "ConjugateMixture", "AuxiliaryU", "log_joint",

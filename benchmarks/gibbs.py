@@ -1,0 +1,692 @@
+"""Benchmark: collapsed Gibbs sweeps (Neal's algorithm 3) on the tgMCMC data sets.
+
+Measures, for ``data/nrmm/toy`` (1300 x 2) and ``data/nrmm/10k`` (10000 x 6),
+with ``DP(1.0)`` and ``NormalWishart.from_data(X)`` (the tgMCMC paper's prior,
+MATH.md §2), in JAX's default float32:
+
+1. jaxbnp, one chain: seconds per ``gibbs_sweep`` (jitted, compile excluded,
+   median of several timed sweeps after warm-up sweeps from "all points in one
+   cluster").
+2. jaxbnp, ``jax.vmap`` over 16 and 64 chains: seconds per sweep of the whole
+   batch, and ``t(C chains) / t(1 chain)``.
+3. A plain NumPy collapsed Gibbs sweep (float64, written below): the reference
+   baseline, same algorithm, per-cluster statistics and cached per-cluster
+   Cholesky factors recomputed only for clusters that change. Its predictive
+   is checked against ``family.log_predictive`` before timing.
+4. Speed-ups: NumPy / jaxbnp one chain; per-chain throughput of 64 chains vs 1.
+5. The end-to-end NumPyro path: ``MCMC(CollapsedGibbs(model, capacity=32),
+   num_chains=16, chain_method="vectorized")`` on toy; time per iteration from
+   the difference of two runs with different ``num_samples`` (compile cancels).
+
+Results go to ``benchmarks/results/gibbs.json`` and ``benchmarks/results/gibbs.md``.
+
+Usage::
+
+    python benchmarks/gibbs.py            # full run (about 5 minutes on 2 CPU cores)
+    python benchmarks/gibbs.py --quick    # fewer repeats, no 64 chains on 10k
+    python benchmarks/gibbs.py --data-dir /path/to/nrmm
+
+Targets from the issue: one sweep over the 10k set under 0.1 s on a 2-core CPU
+(the paper's C++ Gibbs: 10.7 s per sweep, different hardware), and 64
+vectorised chains costing far less than 64 x one chain. The numbers are
+reported as measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpyro  # noqa: E402
+from numpyro.infer import MCMC  # noqa: E402
+
+import jaxbnp as bnp  # noqa: E402
+from jaxbnp.inference.clusters import init_clusters  # noqa: E402
+from jaxbnp.inference.gibbs import gibbs_sweep  # noqa: E402
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "nrmm"
+CAPACITY = 32
+ALPHA = 1.0
+DATASETS = ("toy", "10k")
+PAPER_CPP_SECONDS_PER_SWEEP_10K = 10.7
+TARGET_10K_SECONDS = 0.1
+
+
+# ----------------------------------------------------------------------------- helpers
+def load_dataset(data_dir: Path, name: str) -> np.ndarray:
+    path = data_dir / name / "X.txt"
+    if not path.is_file():
+        sys.exit(
+            f"gibbs.py: data file not found: {path}\n"
+            f"Expected the tgMCMC data under {data_dir} (subfolders toy/ and 10k/ with X.txt). "
+            "Pass --data-dir /path/to/nrmm."
+        )
+    X = np.loadtxt(path, dtype=np.float64)
+    if X.ndim != 2:
+        sys.exit(f"gibbs.py: {path} should hold a 2-D whitespace-separated table, got shape {X.shape}.")
+    return X
+
+
+def machine_info() -> dict:
+    cpu_model = None
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        affinity = None
+    import jaxlib
+
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "numpyro": numpyro.__version__,
+        "jaxbnp": bnp.__version__,
+        "jax_backend": jax.default_backend(),
+        "jax_devices": [str(d) for d in jax.devices()],
+        "jax_enable_x64": bool(jax.config.jax_enable_x64),
+        "dtype": str(jnp.asarray(1.0).dtype),
+        "numpy_baseline_dtype": "float64",
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS"),
+    }
+
+
+def summarize(times: list[float]) -> dict:
+    return {
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "repeats": len(times),
+        "times_s": times,
+    }
+
+
+def _num_clusters(state) -> np.ndarray:
+    return np.asarray(jnp.sum(state.counts > 0, axis=-1))
+
+
+# ----------------------------------------------------------------------------- NumPy baseline
+class NumpyNormalWishart:
+    """Normal-Wishart predictive in float64 NumPy (MATH.md §2).
+
+    ``dof = nu_n - D + 1``, location ``m_n``, scale ``Psi_n (r_n + 1) / (r_n dof)``.
+    """
+
+    def __init__(self, m0, r, nu, psi):
+        self.m0 = np.asarray(m0, dtype=np.float64)
+        self.r = float(r)
+        self.nu = float(nu)
+        self.psi = np.asarray(psi, dtype=np.float64)
+        self.D = self.m0.shape[0]
+        self.r_m0 = self.r * self.m0
+        self.r_m0m0 = self.r * np.outer(self.m0, self.m0)
+
+    @classmethod
+    def from_family(cls, family) -> "NumpyNormalWishart":
+        return cls(family.m0, family.r, family.nu, family.psi)
+
+    def params(self, n, sum_x, sum_xx):
+        """``(m_n, L^-1, dof, log_norm)`` of the predictive t for one cluster."""
+        D = self.D
+        rn = self.r + n
+        mn = (self.r_m0 + sum_x) / rn
+        psin = self.psi + sum_xx + self.r_m0m0 - rn * np.outer(mn, mn)
+        dof = self.nu + n - D + 1.0
+        scale = psin * ((rn + 1.0) / (rn * dof))
+        chol = np.linalg.cholesky(scale)
+        inv_chol = np.linalg.inv(chol)
+        logdet = 2.0 * float(np.log(np.diagonal(chol)).sum())
+        log_norm = (
+            math.lgamma(0.5 * (dof + D))
+            - math.lgamma(0.5 * dof)
+            - 0.5 * D * math.log(dof * math.pi)
+            - 0.5 * logdet
+        )
+        return mn, inv_chol, dof, log_norm
+
+    def log_pred(self, x, mn, inv_chol, dof, log_norm):
+        """``log p(x | X_c)`` for one point ``x`` and stacked clusters ``(K, ...)``."""
+        y = np.matmul(inv_chol, (x - mn)[:, :, None])[:, :, 0]
+        maha = np.einsum("kd,kd->k", y, y)
+        return log_norm - 0.5 * (dof + self.D) * np.log1p(maha / dof)
+
+    def log_pred_many(self, X, mn, inv_chol, dof, log_norm):
+        """``log p(x_i | X_c)`` for many points and one cluster."""
+        y = (X - mn) @ inv_chol.T
+        maha = np.einsum("nd,nd->n", y, y)
+        return log_norm - 0.5 * (dof + self.D) * np.log1p(maha / dof)
+
+
+class NumpyCollapsedGibbs:
+    """Neal's algorithm 3 for a DP(alpha) mixture, plain NumPy, one chain.
+
+    Per slot: count, sum x, sum x x^T and the cached predictive parameters
+    (mean, inverse Cholesky factor of the t scale, dof, log normaliser). A
+    point's removal refreshes its old cluster; its addition refreshes the new
+    one; if it returns to the cluster it left, the cached parameters from
+    before the removal are put back (no Cholesky). Empty slots keep stale
+    parameters but get weight -inf. A new cluster takes the first empty slot.
+    """
+
+    def __init__(self, model: NumpyNormalWishart, X: np.ndarray, labels: np.ndarray,
+                 alpha: float, seed: int):
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        n, D = X.shape
+        self.model = model
+        self.X = X
+        self.XX = X[:, :, None] * X[:, None, :]
+        self.log_alpha = math.log(alpha)
+        self.rng = np.random.default_rng(seed)
+        _, labels = np.unique(np.asarray(labels), return_inverse=True)
+        self.labels = labels.astype(np.int64)
+        slots = n + 1  # never needs to grow
+        self.counts = np.zeros(slots, np.int64)
+        self.sum_x = np.zeros((slots, D))
+        self.sum_xx = np.zeros((slots, D, D))
+        self.mn = np.zeros((slots, D))
+        self.inv_chol = np.broadcast_to(np.eye(D), (slots, D, D)).copy()
+        self.dof = np.ones(slots)
+        self.log_norm = np.zeros(slots)
+        np.add.at(self.counts, self.labels, 1)
+        np.add.at(self.sum_x, self.labels, X)
+        np.add.at(self.sum_xx, self.labels, self.XX)
+        self.high = int(self.labels.max()) + 1  # slots [0, high) may be in use
+        for c in range(self.high):
+            if self.counts[c] > 0:
+                self._refresh(c)
+        prior = model.params(0.0, np.zeros(D), np.zeros((D, D)))
+        self.prior_log_pred = model.log_pred_many(X, *prior)
+
+    def _refresh(self, c: int) -> None:
+        mn, inv_chol, dof, log_norm = self.model.params(
+            float(self.counts[c]), self.sum_x[c], self.sum_xx[c]
+        )
+        self.mn[c] = mn
+        self.inv_chol[c] = inv_chol
+        self.dof[c] = dof
+        self.log_norm[c] = log_norm
+
+    def sweep(self) -> None:
+        X, XX, labels, counts = self.X, self.XX, self.labels, self.counts
+        sum_x, sum_xx = self.sum_x, self.sum_xx
+        mn, inv_chol, dof, log_norm = self.mn, self.inv_chol, self.dof, self.log_norm
+        log_pred = self.model.log_pred
+        uniforms = self.rng.random(X.shape[0])
+        for i in range(X.shape[0]):
+            x = X[i]
+            xx = XX[i]
+            old = labels[i]
+            # remove point i from its cluster
+            counts[old] -= 1
+            sum_x[old] -= x
+            sum_xx[old] -= xx
+            saved = (mn[old].copy(), inv_chol[old].copy(), dof[old], log_norm[old])
+            if counts[old] > 0:
+                self._refresh(old)
+            # log n_c + log p(x | X_c) for existing clusters, log alpha + log p(x) for a new one
+            h = self.high
+            lp = log_pred(x, mn[:h], inv_chol[:h], dof[:h], log_norm[:h])
+            with np.errstate(divide="ignore"):
+                logits = np.log(counts[:h]) + lp  # empty slots: -inf
+            logits = np.append(logits, self.log_alpha + self.prior_log_pred[i])
+            w = np.exp(logits - logits.max())
+            cw = np.cumsum(w)
+            k = int(np.searchsorted(cw, uniforms[i] * cw[-1], side="right"))
+            if k >= h:  # new cluster: first empty slot
+                empty = np.flatnonzero(counts[:h] == 0)
+                if empty.size:
+                    new = int(empty[0])
+                else:
+                    new = h
+                    self.high = h + 1
+            else:
+                new = k
+            # add point i to its new cluster
+            counts[new] += 1
+            sum_x[new] += x
+            sum_xx[new] += xx
+            if new == old:
+                mn[old], inv_chol[old], dof[old], log_norm[old] = saved
+            else:
+                self._refresh(new)
+            labels[i] = new
+
+    @property
+    def num_clusters(self) -> int:
+        return int(np.sum(self.counts > 0))
+
+    def check_statistics(self) -> float:
+        """Max abs difference between the running statistics and a recount from the labels."""
+        D = self.X.shape[1]
+        counts = np.bincount(self.labels, minlength=self.counts.shape[0])
+        sx = np.zeros_like(self.sum_x)
+        np.add.at(sx, self.labels, self.X)
+        sxx = np.zeros_like(self.sum_xx)
+        np.add.at(sxx, self.labels, self.XX)
+        assert np.array_equal(counts, self.counts), "NumPy baseline: counts out of sync"
+        return float(max(np.abs(sx - self.sum_x).max(), np.abs(sxx - self.sum_xx).max(), 0.0 * D))
+
+
+def validate_numpy_predictive(family, X: np.ndarray) -> dict:
+    """Check the NumPy predictive against ``family.log_predictive`` (library, float32)."""
+    Xt = X[:12]
+    labels = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 0])
+    capacity = 4  # slot 3 stays empty: the prior predictive
+    stats = family.stats_from_labels(jnp.asarray(Xt, jnp.float32), jnp.asarray(labels), capacity)
+    lib = np.stack([np.asarray(family.log_predictive(jnp.asarray(x, jnp.float32), stats)) for x in Xt])
+    lib_prior = np.array([float(family.prior_log_predictive(jnp.asarray(x, jnp.float32))) for x in Xt])
+    model = NumpyNormalWishart.from_family(family)
+    D = Xt.shape[1]
+    ours = np.zeros((Xt.shape[0], capacity))
+    for c in range(capacity):
+        members = Xt[labels == c]
+        params = model.params(
+            float(members.shape[0]), members.sum(0) if members.size else np.zeros(D),
+            members.T @ members if members.size else np.zeros((D, D)),
+        )
+        stacked = tuple(np.asarray(p)[None] for p in params)
+        for i, x in enumerate(Xt):
+            ours[i, c] = model.log_pred(x, *stacked)[0]
+    np.testing.assert_allclose(ours, lib, rtol=1e-4, atol=1e-4,
+                               err_msg="NumPy predictive != family.log_predictive")
+    np.testing.assert_allclose(ours[:, 3], lib_prior, rtol=1e-4, atol=1e-4,
+                               err_msg="NumPy prior predictive != family.prior_log_predictive")
+    return {
+        "points": int(Xt.shape[0]),
+        "clusters_checked": capacity,
+        "max_abs_diff": float(np.abs(ours - lib).max()),
+        "max_abs_diff_prior": float(np.abs(ours[:, 3] - lib_prior).max()),
+        "tolerance": "rtol=1e-4, atol=1e-4 (library float32 vs NumPy float64)",
+        "passed": True,
+    }
+
+
+# ----------------------------------------------------------------------------- jaxbnp
+def jax_state_check(state, family, X32) -> dict:
+    """Compare running float32 statistics with a fresh recount from the labels."""
+    fresh = family.stats_from_labels(X32, state.labels, state.counts.shape[-1])
+    counts_ok = bool(
+        np.array_equal(
+            np.asarray(state.counts),
+            np.asarray(jax.ops.segment_sum(jnp.ones_like(state.labels), state.labels, CAPACITY)),
+        )
+    )
+    diff = np.abs(np.asarray(state.stats.sum_xx) - np.asarray(fresh.sum_xx)).max()
+    scale = np.abs(np.asarray(fresh.sum_xx)).max()
+    return {
+        "counts_consistent": counts_ok,
+        "sum_xx_max_abs_drift": float(diff),
+        "sum_xx_max_abs": float(scale),
+        "overflow": bool(np.asarray(state.overflow)),
+    }
+
+
+def bench_single(X32, family, measure, key, warmup: int, repeats: int) -> tuple[dict, object]:
+    sweep = jax.jit(lambda k, s, X: gibbs_sweep(k, s, X, measure, family))
+    state = init_clusters(family, X32, np.zeros(X32.shape[0], np.int64), CAPACITY)
+    keys = jax.random.split(key, 1 + warmup + repeats)
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(sweep(keys[0], state, X32))
+    first = time.perf_counter() - t0
+    for j in range(warmup - 1):
+        state = jax.block_until_ready(sweep(keys[1 + j], state, X32))
+    k_warm = int(_num_clusters(state))
+    times = []
+    for j in range(repeats):
+        k = keys[warmup + j]
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(sweep(k, state, X32))
+        times.append(time.perf_counter() - t0)
+    out = summarize(times)
+    out.update(
+        first_call_s=first,
+        warmup_sweeps=warmup,
+        num_clusters_after_warmup=k_warm,
+        num_clusters_end=int(_num_clusters(state)),
+        state_check=jax_state_check(state, family, X32),
+    )
+    return out, state
+
+
+def bench_vmap(X32, family, measure, key, chains: int, warmup: int, repeats: int) -> dict:
+    sweep = jax.jit(
+        jax.vmap(lambda k, s, X: gibbs_sweep(k, s, X, measure, family), in_axes=(0, 0, None))
+    )
+    one = init_clusters(family, X32, np.zeros(X32.shape[0], np.int64), CAPACITY)
+    states = jax.tree.map(lambda a: jnp.stack([a] * chains), one)
+    keys = jax.random.split(key, (1 + warmup + repeats, chains))
+    t0 = time.perf_counter()
+    states = jax.block_until_ready(sweep(keys[0], states, X32))
+    first = time.perf_counter() - t0
+    for j in range(warmup - 1):
+        states = jax.block_until_ready(sweep(keys[1 + j], states, X32))
+    k_warm = _num_clusters(states)
+    times = []
+    for j in range(repeats):
+        k = keys[warmup + j]
+        t0 = time.perf_counter()
+        states = jax.block_until_ready(sweep(k, states, X32))
+        times.append(time.perf_counter() - t0)
+    k_end = _num_clusters(states)
+    out = summarize(times)
+    out.update(
+        chains=chains,
+        first_call_s=first,
+        warmup_sweeps=warmup,
+        num_clusters_after_warmup={"mean": float(k_warm.mean()), "min": int(k_warm.min()),
+                                   "max": int(k_warm.max())},
+        num_clusters_end={"mean": float(k_end.mean()), "min": int(k_end.min()),
+                          "max": int(k_end.max())},
+        any_overflow=bool(np.asarray(states.overflow).any()),
+    )
+    return out
+
+
+def bench_numpy(X, family, labels, seed: int, max_repeats: int, budget_s: float) -> dict:
+    sampler = NumpyCollapsedGibbs(NumpyNormalWishart.from_family(family), X, labels, ALPHA, seed)
+    k_start = sampler.num_clusters
+    times = []
+    while len(times) < max_repeats:
+        t0 = time.perf_counter()
+        sampler.sweep()
+        times.append(time.perf_counter() - t0)
+        if sum(times) > budget_s:
+            break
+    drift = sampler.check_statistics()
+    out = summarize(times)
+    out.update(
+        start="labels of the jaxbnp single chain after its warm-up sweeps",
+        num_clusters_start=k_start,
+        num_clusters_end=sampler.num_clusters,
+        stats_max_abs_drift_float64=drift,
+    )
+    return out
+
+
+def bench_numpyro(X32, family, warmup: int, samples: tuple[int, int], chains: int, seed: int) -> dict:
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(ALPHA), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(family, z), obs=X)
+
+    runs = []
+    for num_samples in samples:
+        mcmc = MCMC(
+            bnp.CollapsedGibbs(model, capacity=CAPACITY),
+            num_warmup=warmup,
+            num_samples=num_samples,
+            num_chains=chains,
+            chain_method="vectorized",
+            progress_bar=False,
+        )
+        t0 = time.perf_counter()
+        mcmc.run(jax.random.PRNGKey(seed), X32, extra_fields=("num_clusters",))
+        jax.block_until_ready(mcmc.get_samples())
+        wall = time.perf_counter() - t0
+        k = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["num_clusters"])[:, -1]
+        runs.append({
+            "num_warmup": warmup, "num_samples": num_samples, "wall_s": wall,
+            "num_clusters_last": {"mean": float(k.mean()), "min": int(k.min()), "max": int(k.max())},
+        })
+    d_iter = samples[1] - samples[0]
+    per_iter = (runs[1]["wall_s"] - runs[0]["wall_s"]) / d_iter
+    return {
+        "chains": chains,
+        "chain_method": "vectorized",
+        "capacity": CAPACITY,
+        "runs": runs,
+        "seconds_per_iteration": per_iter,
+        "method": (
+            f"(wall(num_samples={samples[1]}) - wall(num_samples={samples[0]})) / {d_iter}; "
+            "both runs include compilation and the same warm-up, which cancel"
+        ),
+    }
+
+
+# ----------------------------------------------------------------------------- report
+def fmt_s(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    if x >= 1.0:
+        return f"{x:.2f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.1f} ms"
+    return f"{x * 1e6:.0f} µs"
+
+
+def fmt_x(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}×"
+
+
+def make_markdown(res: dict) -> str:
+    m = res["machine"]
+    ds = res["datasets"]
+    names = [n for n in DATASETS if n in ds]
+
+    def cell(name, path, fmt):
+        node = ds[name]
+        for p in path:
+            if node is None or p not in node:
+                return "skipped"
+            node = node[p]
+        return fmt(node)
+
+    header = "| | " + " | ".join(f"{n} ({ds[n]['n']}×{ds[n]['D']})" for n in names) + " |"
+    sep = "|---|" + "---|" * len(names)
+    rows = [
+        ("clusters K, 1 chain (after warm-up → end)",
+         lambda n: f"{ds[n]['jax_single']['num_clusters_after_warmup']} → "
+                   f"{ds[n]['jax_single']['num_clusters_end']}"),
+        ("NumPy collapsed Gibbs (float64), s/sweep",
+         lambda n: cell(n, ["numpy", "median_s"], fmt_s)
+         + f" (n={ds[n]['numpy']['repeats']})"),
+        ("jaxbnp `gibbs_sweep`, 1 chain, s/sweep",
+         lambda n: cell(n, ["jax_single", "median_s"], fmt_s)),
+        ("**speed-up NumPy / jaxbnp 1 chain**", lambda n: fmt_x(ds[n]["speedup_numpy_over_jax"])),
+        ("jaxbnp vmap 16 chains, s/sweep (whole batch)",
+         lambda n: cell(n, ["jax_vmap", "16", "median_s"], fmt_s)),
+        ("t(16 chains) / t(1 chain)", lambda n: cell(n, ["ratio_vs_single", "16"], lambda v: f"{v:.1f}")),
+        ("jaxbnp vmap 64 chains, s/sweep (whole batch)",
+         lambda n: cell(n, ["jax_vmap", "64", "median_s"], fmt_s)),
+        ("t(64 chains) / t(1 chain)", lambda n: cell(n, ["ratio_vs_single", "64"], lambda v: f"{v:.1f}")),
+        ("**per-chain throughput, 64 vmapped vs 1** (64·t1/t64)",
+         lambda n: cell(n, ["throughput_64_vs_1"], fmt_x)),
+        ("compile + first sweep, 1 chain", lambda n: cell(n, ["jax_single", "first_call_s"], fmt_s)),
+    ]
+    lines = [
+        "# Collapsed Gibbs sweep benchmark (DP(1), NormalWishart.from_data)",
+        "",
+        f"Machine: {m['cpu_model']} ({m['cpu_count']} CPUs, affinity {m['cpu_affinity']}), "
+        f"{m['platform']}; JAX {m['jax']} on {m['jax_backend']}, dtype {m['dtype']} "
+        f"(x64 {'on' if m['jax_enable_x64'] else 'off'}); NumPy baseline float64. "
+        f"Capacity {CAPACITY}. Mode: {'quick' if res['config']['quick'] else 'default'}. "
+        f"Run {res['started']}.",
+        "",
+        "Times are medians over timed sweeps after warm-up (compile excluded).",
+        "",
+        header,
+        sep,
+    ]
+    for label, fn in rows:
+        lines.append(f"| {label} | " + " | ".join(fn(n) for n in names) + " |")
+    np_res = res.get("numpyro")
+    lines.append("")
+    if np_res:
+        runs = np_res["runs"]
+        raw16 = ds["toy"].get("jax_vmap", {}).get("16", {}).get("median_s")
+        over = np_res["seconds_per_iteration"] / raw16 if raw16 else None
+        lines += [
+            f"NumPyro end-to-end (toy): `MCMC(CollapsedGibbs(model, capacity={CAPACITY}), "
+            f"num_chains={np_res['chains']}, chain_method=\"vectorized\")`: "
+            f"**{fmt_s(np_res['seconds_per_iteration'])} per iteration** (16 chains), "
+            f"from wall times {runs[0]['wall_s']:.2f} s ({runs[0]['num_warmup']}+{runs[0]['num_samples']} "
+            f"iterations) and {runs[1]['wall_s']:.2f} s ({runs[1]['num_warmup']}+{runs[1]['num_samples']}); "
+            + (f"{over:.2f}× the raw vmapped sweep." if over else ""),
+            "",
+        ]
+    t = res["targets"]
+    lines += [
+        "Targets:",
+        "",
+        f"- 10k, one sweep < {TARGET_10K_SECONDS} s: measured {fmt_s(t['jax_10k_single_s'])} → "
+        f"**{'met' if t['target_10k_met'] else 'not met'}**"
+        if t.get("jax_10k_single_s") is not None else "- 10k not run",
+        f"- paper's C++ Gibbs: {PAPER_CPP_SECONDS_PER_SWEEP_10K} s/sweep on 10k (other hardware) → "
+        f"jaxbnp 1 chain is {fmt_x(t.get('vs_paper_cpp'))} faster"
+        if t.get("vs_paper_cpp") else "- paper comparison: n/a",
+        "- 64 chains far cheaper than 64 × one chain: t(64)/t(1) = "
+        + ", ".join(f"{k}: {v:.1f}" for k, v in t["ratio_64"].items())
+        + " (64 would mean no gain) → "
+        + ", ".join(f"{k}: **{'met' if v <= 16 else 'not met'}**" for k, v in t["ratio_64"].items())
+        + " (criterion used here: t(64)/t(1) ≤ 16, i.e. ≥ 4× per-chain throughput)",
+        "",
+        f"NumPy predictive validated against `family.log_predictive`: max |diff| = "
+        f"{res['numpy_validation']['max_abs_diff']:.2e}.",
+        f"Total benchmark wall time: {res['total_wall_s']:.0f} s.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+                    help=f"folder with toy/X.txt and 10k/X.txt (default {DEFAULT_DATA_DIR})")
+    ap.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer repeats, no 64 chains on 10k, shorter NumPyro runs")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    if jax.config.jax_enable_x64:
+        sys.exit("gibbs.py benchmarks the library's default float32; unset JAX_ENABLE_X64.")
+    data_dir = args.data_dir.expanduser().resolve()
+    if not data_dir.is_dir():
+        sys.exit(f"gibbs.py: data folder not found: {data_dir}. Pass --data-dir /path/to/nrmm.")
+
+    quick = args.quick
+    warmup = 5
+    cfg = {
+        "quick": quick,
+        "capacity": CAPACITY,
+        "alpha": ALPHA,
+        "warmup_sweeps": warmup,
+        "single_repeats": {"toy": 10 if quick else 30, "10k": 5 if quick else 15},
+        "vmap_repeats": {"toy": 3 if quick else 10, "10k": 2 if quick else 5},
+        "vmap_64_repeats": {"toy": 3 if quick else 5, "10k": 3},
+        "vmap_chains": {"toy": [16, 64], "10k": [16] if quick else [16, 64]},
+        "numpy_max_repeats": 2 if quick else 5,
+        "numpy_budget_s": 5.0 if quick else 20.0,
+        "numpyro": {"num_warmup": 10 if quick else 20,
+                    "num_samples": [10, 60] if quick else [20, 220], "chains": 16},
+        "data_dir": str(data_dir),
+        "seed": args.seed,
+    }
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    t_start = time.perf_counter()
+    res = {"started": started, "config": cfg, "machine": machine_info(), "datasets": {}}
+    measure = bnp.DP(ALPHA)
+    key = jax.random.key(args.seed)
+
+    data = {name: load_dataset(data_dir, name) for name in DATASETS}
+    families = {name: bnp.NormalWishart.from_data(X) for name, X in data.items()}
+
+    print("validating the NumPy predictive against family.log_predictive ...", flush=True)
+    res["numpy_validation"] = validate_numpy_predictive(families["toy"], data["toy"])
+    res["numpy_validation_10k"] = validate_numpy_predictive(families["10k"], data["10k"])
+
+    for d_idx, name in enumerate(DATASETS):
+        X = data[name]
+        family = families[name]
+        X32 = jnp.asarray(X, jnp.float32)
+        k_name = jax.random.fold_in(key, d_idx)
+        out = {"n": int(X.shape[0]), "D": int(X.shape[1])}
+        print(f"[{name}] jaxbnp single chain ...", flush=True)
+        single, state = bench_single(
+            X32, family, measure, jax.random.fold_in(k_name, 1), warmup, cfg["single_repeats"][name]
+        )
+        out["jax_single"] = single
+        print(f"[{name}]   {fmt_s(single['median_s'])}/sweep, K={single['num_clusters_end']}", flush=True)
+
+        print(f"[{name}] NumPy baseline ...", flush=True)
+        out["numpy"] = bench_numpy(
+            X, family, np.asarray(state.labels), args.seed, cfg["numpy_max_repeats"],
+            cfg["numpy_budget_s"],
+        )
+        print(f"[{name}]   {fmt_s(out['numpy']['median_s'])}/sweep", flush=True)
+
+        out["jax_vmap"] = {}
+        for chains in cfg["vmap_chains"][name]:
+            reps = cfg["vmap_64_repeats"][name] if chains == 64 else cfg["vmap_repeats"][name]
+            print(f"[{name}] jaxbnp vmap {chains} chains ...", flush=True)
+            r = bench_vmap(X32, family, measure, jax.random.fold_in(k_name, 100 + chains),
+                           chains, warmup, reps)
+            out["jax_vmap"][str(chains)] = r
+            print(f"[{name}]   {fmt_s(r['median_s'])}/sweep of {chains} chains", flush=True)
+
+        t1 = single["median_s"]
+        out["speedup_numpy_over_jax"] = out["numpy"]["median_s"] / t1
+        out["ratio_vs_single"] = {c: v["median_s"] / t1 for c, v in out["jax_vmap"].items()}
+        if "64" in out["jax_vmap"]:
+            out["throughput_64_vs_1"] = 64 * t1 / out["jax_vmap"]["64"]["median_s"]
+        res["datasets"][name] = out
+
+    print("[toy] NumPyro MCMC(CollapsedGibbs, 16 vectorized chains) ...", flush=True)
+    npc = cfg["numpyro"]
+    res["numpyro"] = bench_numpyro(
+        jnp.asarray(data["toy"], jnp.float32), families["toy"], npc["num_warmup"],
+        tuple(npc["num_samples"]), npc["chains"], args.seed,
+    )
+    res["numpyro"]["dataset"] = "toy"
+
+    t10k = res["datasets"]["10k"]["jax_single"]["median_s"]
+    res["targets"] = {
+        "jax_10k_single_s": t10k,
+        "target_10k_s": TARGET_10K_SECONDS,
+        "target_10k_met": t10k < TARGET_10K_SECONDS,
+        "paper_cpp_10k_s": PAPER_CPP_SECONDS_PER_SWEEP_10K,
+        "vs_paper_cpp": PAPER_CPP_SECONDS_PER_SWEEP_10K / t10k,
+        "ratio_64": {n: res["datasets"][n]["ratio_vs_single"]["64"]
+                     for n in DATASETS if "64" in res["datasets"][n]["ratio_vs_single"]},
+    }
+    res["total_wall_s"] = time.perf_counter() - t_start
+
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    md = make_markdown(res)
+    (args.out_dir / "gibbs.json").write_text(json.dumps(res, indent=2) + "\n")
+    (args.out_dir / "gibbs.md").write_text(md)
+    print()
+    print(md)
+    print(f"wrote {args.out_dir / 'gibbs.json'} and {args.out_dir / 'gibbs.md'}")
+
+
+if __name__ == "__main__":
+    main()

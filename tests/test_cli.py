@@ -1,0 +1,46 @@
+"""The main job, as a user runs it: ``jaxbnp cluster`` in a subprocess (float32 default)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+
+def _run_cli(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return subprocess.run(
+        [sys.executable, "-m", "jaxbnp.cli", *args], cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_cluster_default_data_set(tmp_path):
+    out = tmp_path / "out"
+    r = _run_cli("cluster", "--chains", "2", "--warmup", "30", "--samples", "30", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "clusters" in r.stdout and "NMI" in r.stdout and "log joint" in r.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_points"] == 1300 and summary["dtype"] == "float32"
+    assert 5 <= summary["clusters_best_draw"] <= 20
+    assert summary["nmi_best_draw"] > 0.7
+    labels = np.loadtxt(out / "labels.csv", skiprows=1)
+    assert labels.shape == (1300,)
+    assert (out / "clusters.png").stat().st_size > 1000 and (out / "trace.png").exists()
+
+
+def test_cluster_csv_file_and_bad_file(tmp_path):
+    rng = np.random.default_rng(0)
+    X = np.r_[rng.normal(-3, 1, (40, 3)), rng.normal(3, 1, (40, 3))]
+    np.savetxt(tmp_path / "x.csv", X, delimiter=",")
+    r = _run_cli("cluster", "x.csv", "--family", "normal-gamma", "--chains", "1", "--warmup", "20",
+                 "--samples", "20", "--out", "o", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["clusters_best_draw"] >= 2
+    X[5, 1] = np.nan
+    np.savetxt(tmp_path / "bad.csv", X, delimiter=",")
+    r = _run_cli("cluster", "bad.csv", "--out", "o2", cwd=tmp_path)
+    assert r.returncode != 0 and "NaN or inf" in r.stderr

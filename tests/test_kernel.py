@@ -1,0 +1,258 @@
+"""CollapsedGibbs as a NumPyro kernel: chain methods, compositions, errors, recompilation."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC, NUTS, HMCGibbs
+
+import jaxbnp as bnp
+from jaxbnp.inference import gibbs
+from jaxbnp.inference.clusters import init_clusters
+
+NG = bnp.NormalGamma(m0=0.0, k0=0.2, a0=2.0, b0=1.0)
+
+
+def _data(n=12, dim=2, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.array([[-2.0] * dim, [2.0] * dim])[np.arange(n) % 2] + 0.7 * rng.normal(size=(n, dim))
+
+
+def dp_model(X):
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
+
+
+def nggp_model(X):
+    u = numpyro.sample("u", bnp.AuxiliaryU())
+    z = numpyro.sample("z", bnp.Partition(bnp.NGGP(1.0, 0.3), X.shape[0], u=u))
+    numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
+
+
+def _run(model, X, chain_method, num_chains=2, **kw):
+    mcmc = MCMC(
+        bnp.CollapsedGibbs(model, **kw), num_warmup=5, num_samples=20,
+        num_chains=num_chains, chain_method=chain_method, progress_bar=False,
+    )
+    mcmc.run(jax.random.key(42), X, extra_fields=("log_joint", "num_clusters"))
+    return mcmc
+
+
+@pytest.mark.parametrize("model", [dp_model, nggp_model], ids=["DP", "NGGP"])
+def test_chain_methods_give_identical_draws(model):
+    X = _data()
+    runs = {m: _run(model, X, m) for m in ("sequential", "vectorized", "parallel")}
+    ref = runs["vectorized"].get_samples(group_by_chain=True)
+    assert ref["z"].shape == (2, 20, X.shape[0])
+    for method in ("sequential", "parallel"):
+        other = runs[method].get_samples(group_by_chain=True)
+        assert set(other) == set(ref)
+        for site in ref:
+            np.testing.assert_array_equal(np.asarray(other[site]), np.asarray(ref[site]), err_msg=method)
+    # chains differ from each other (the keys are really split)
+    assert not np.array_equal(ref["z"][0], ref["z"][1])
+
+
+def test_same_key_same_draws_and_labels_canonical():
+    X = _data()
+    a = _run(dp_model, X, "vectorized").get_samples()["z"]
+    b = _run(dp_model, X, "vectorized").get_samples()["z"]
+    np.testing.assert_array_equal(a, b)
+    z = np.asarray(a)
+    assert z.dtype == np.int32
+    for row in z:  # first-appearance order: each new label is one more than the max so far
+        seen = np.maximum.accumulate(row)
+        assert row[0] == 0 and np.all(row <= np.r_[0, seen[:-1] + 1])
+
+
+def test_log_joint_field_matches_log_joint_function():
+    X = _data()
+    mcmc = _run(nggp_model, X, "vectorized", num_chains=2)
+    s = mcmc.get_samples()
+    lj = mcmc.get_extra_fields()["log_joint"]
+    for i in (0, 7, 39):
+        expected = bnp.log_joint(X, s["z"][i], bnp.NGGP(1.0, 0.3), NG, u=s["u"][i])
+        np.testing.assert_allclose(lj[i], expected, rtol=1e-10)
+    k = mcmc.get_extra_fields()["num_clusters"]
+    np.testing.assert_array_equal(k, [len(np.unique(z)) for z in np.asarray(s["z"])])
+
+
+def test_hmcgibbs_with_collapsed_gibbs_fn():
+    X = _data()
+
+    def model(X):
+        alpha = numpyro.sample("alpha", dist.Gamma(2.0, 1.0))
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(alpha), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
+
+    kernel = HMCGibbs(NUTS(model), gibbs_fn=bnp.collapsed_gibbs_fn(model, X), gibbs_sites=["z"])
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=100, progress_bar=False)
+    mcmc.run(jax.random.key(0), X)
+    s = mcmc.get_samples()
+    assert s["z"].shape == (100, X.shape[0]) and np.all(np.asarray(s["alpha"]) > 0)
+    # the two well separated groups are found in most draws
+    k = np.array([len(np.unique(z)) for z in np.asarray(s["z"])])
+    assert np.mean(k == 2) > 0.5
+
+
+def test_sweep_compiles_once_for_new_states_keys_and_hyperparameters():
+    X = jnp.asarray(_data())
+    family = bnp.NormalWishart(np.zeros(2), 0.5, 4.0, np.eye(2))
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def sweep(key, clusters, alpha):
+        return gibbs.gibbs_sweep(key, clusters, X, bnp.DP(alpha), family)
+
+    state = init_clusters(family, X, np.zeros(X.shape[0], int), capacity=8)
+    for i in range(4):
+        state = sweep(jax.random.key(i), state, jnp.asarray(0.5 + i))
+    assert int(state.counts.sum()) == X.shape[0]
+
+
+def test_capacity_overflow_raises_clear_error():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 1)) * 30.0  # far apart points: many clusters
+
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(50.0), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(0.0, 0.01, 2.0, 0.01), z), obs=X)
+
+    mcmc = MCMC(bnp.CollapsedGibbs(model, capacity=4), num_warmup=2, num_samples=2, progress_bar=False)
+    with pytest.raises(Exception, match="cluster slots are in use.*larger capacity"):
+        mcmc.run(jax.random.key(0), X)
+
+
+def test_statistics_stay_consistent_with_labels():
+    X = jnp.asarray(_data(30, 3))
+    family = bnp.NormalWishart(np.zeros(3), 0.5, 5.0, np.eye(3))
+    state = init_clusters(family, X, np.zeros(30, int), capacity=30)
+    for i in range(5):
+        state = gibbs.gibbs_sweep(jax.random.key(i), state, X, bnp.DP(2.0), family)
+    fresh = family.stats_from_labels(X, state.labels, 30)
+    for a, b in zip(jax.tree.leaves(state.stats), jax.tree.leaves(fresh)):
+        np.testing.assert_allclose(a, b, atol=1e-9)
+    np.testing.assert_array_equal(state.counts, np.bincount(state.labels, minlength=30))
+
+
+# ----------------------------------------------------------------------------- bad input
+def _init(model, X):
+    mcmc = MCMC(bnp.CollapsedGibbs(model), num_warmup=1, num_samples=1, progress_bar=False)
+    mcmc.run(jax.random.key(0), X)
+
+
+def test_nan_in_data_raises():
+    X = _data()
+    X[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        _init(dp_model, X)
+
+
+def test_wrong_shape_raises():
+    with pytest.raises(ValueError, match="2-D array"):
+        _init(dp_model, np.zeros(10))
+
+
+def test_empty_data_raises():
+    with pytest.raises(ValueError):
+        _init(dp_model, np.zeros((0, 2)))
+
+
+def test_string_data_raises():
+    with pytest.raises(ValueError, match="numeric"):
+        bnp.inference.kernels.check_data(np.array([["a", "b"]]))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: bnp.DP(0.0), "alpha must be > 0"),
+        (lambda: bnp.DP(-2.0), "alpha must be > 0"),
+        (lambda: bnp.NGGP(1.0, 1.2), r"sigma must lie in \(0, 1\)"),
+        (lambda: bnp.NGGP(1.0, 0.0), r"sigma must lie in \(0, 1\)"),
+        (lambda: bnp.PitmanYor(1.0, 1.0), "discount d"),
+        (lambda: bnp.NormalWishart(np.zeros(2), 1.0, 4.0, np.array([[1.0, 2.0], [2.0, 1.0]])),
+         "positive definite"),
+    ],
+)
+def test_invalid_hyperparameters_raise(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_invalid_hyperparameter_inside_model_raises_before_sampling():
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(-1.0), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
+
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        _init(model, _data())
+
+
+def test_model_without_partition_raises():
+    def model(X):
+        numpyro.sample("X", dist.Normal(0, 1), obs=X)
+
+    with pytest.raises(ValueError, match="exactly one latent Partition site"):
+        _init(model, _data())
+
+
+def test_nggp_without_u_raises():
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.NGGP(1.0, 0.5), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
+
+    with pytest.raises(ValueError, match="AuxiliaryU"):
+        _init(model, _data())
+
+
+def test_unhandled_latent_site_raises_with_advice():
+    def model(X):
+        alpha = numpyro.sample("alpha", dist.Gamma(1.0, 1.0))
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(alpha), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
+
+    with pytest.raises(ValueError, match="NUTS"):
+        _init(model, _data())
+
+
+def test_family_data_mismatch_raises():
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(bnp.BetaBernoulli(), z), obs=X)
+
+    with pytest.raises(ValueError, match="binary"):
+        _init(model, _data())
+
+
+def test_bad_kernel_options_raise():
+    with pytest.raises(ValueError, match="init_strategy"):
+        bnp.CollapsedGibbs(dp_model, init_strategy="kmeans")
+    with pytest.raises(ValueError, match="capacity"):
+        bnp.CollapsedGibbs(dp_model, capacity=0)
+
+
+# ----------------------------------------------------------------------------- distributions
+def test_partition_sample_and_log_prob_shapes():
+    d = bnp.Partition(bnp.PitmanYor(1.0, 0.3), 9)
+    z = d.sample(jax.random.key(0), (5,))
+    assert z.shape == (5, 9)
+    assert d.log_prob(z).shape == (5,)
+    # relabelling does not change the density
+    relabelled = 8 - z[0]  # a bijection of the label ids
+    np.testing.assert_allclose(d.log_prob(z[0]), d.log_prob(relabelled), rtol=1e-12)
+
+
+def test_conjugate_mixture_sample_shape():
+    labels = jnp.array([0, 0, 1, 1, 2])
+    X = bnp.ConjugateMixture(bnp.NormalGamma(np.zeros(3), 1.0, 2.0, 1.0), labels).sample(jax.random.key(0))
+    assert X.shape == (5, 3) and np.all(np.isfinite(X))
+    X = bnp.ConjugateMixture(bnp.NormalWishart(np.zeros(2), 1.0, 4.0, np.eye(2)), labels).sample(
+        jax.random.key(1), (2,)
+    )
+    assert X.shape == (2, 5, 2)
