@@ -33,6 +33,7 @@ __all__ = [
     "GibbsState",
     "init",
     "gibbs_sweep",
+    "assignment_sweep",
     "update_u",
     "step",
     "escobar_west_alpha",
@@ -100,10 +101,36 @@ def gibbs_sweep(
     cluster is drawn while every slot is taken the point stays put and
     ``overflow`` is set (the caller must raise; see ``raise_if_overflow``).
     """
+    capacity = clusters.counts.shape[0]
+    # rebuild the statistics from the labels once per sweep: no rounding drift
+    # accumulates from add/remove updates over long runs (O(n), cheap next to the sweep)
+    clusters = clusters._replace(stats=family.stats_from_labels(X, clusters.labels, capacity))
+    # Gumbel-max: one draw of noise per sweep, argmax inside the loop
+    gumbels = jax.random.gumbel(key, (X.shape[0], capacity + 1), dtype=X.dtype)
+    return assignment_sweep(clusters, X, measure, family, u, noise=gumbels)
+
+
+def assignment_sweep(
+    clusters: ClusterState,
+    X: jax.Array,
+    measure: Measure,
+    family,
+    u: jax.Array | None = None,
+    noise: jax.Array | None = None,
+    order: jax.Array | None = None,
+) -> ClusterState:
+    """Visit the points listed in ``order`` (default ``0..n-1``; repeats allowed); each leaves its cluster and joins
+    ``argmax_k(log w_k + log p(x_i | X_k) + noise[step, k])``.
+
+    With Gumbel ``noise`` this is a collapsed Gibbs sweep; with ``noise=None`` it
+    is MAP-DP's iterated conditional modes step (MATH.md §3: the argmax of
+    the conditional is the argmin of ``d_ik``). ``noise`` has shape
+    ``(len(order), capacity + 1)``; its last column belongs to "a new cluster when no
+    slot is free", which sets ``overflow``.
+    """
     n = X.shape[0]
     capacity = clusters.counts.shape[0]
-    # Gumbel-max: one draw of noise per sweep, argmax inside the loop
-    gumbels = jax.random.gumbel(key, (n, capacity + 1), dtype=X.dtype)
+    order = jnp.arange(n) if order is None else order
     params = family.predictive_params(clusters.stats)
     pack_stats, unpack_stats = _packer(clusters.stats)
     pack_params, unpack_params = _packer(params)
@@ -112,8 +139,9 @@ def gibbs_sweep(
     prior_log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, prior_params)[0])(X)
     slots = jnp.arange(capacity)
 
-    def body(i, carry):
+    def body(step, carry):
         labels, counts, stats, params, overflow, pending = carry
+        i = order[step]
         x = X[i]
         ps = pack_stats(family.point_stats(x[None]))[0]
         old = labels[i]
@@ -134,7 +162,7 @@ def gibbs_sweep(
         logits = jnp.where(free, -jnp.inf, log_existing + log_pred)
         logits = jnp.where((slots == free_slot) & has_free, new_logit, logits)
         logits = jnp.append(logits, jnp.where(has_free, -jnp.inf, new_logit))
-        choice = jnp.argmax(logits + gumbels[i])
+        choice = jnp.argmax(logits if noise is None else logits + noise[step])
         overflow = overflow | (choice == capacity)
         new = jnp.where(choice == capacity, old, choice).astype(labels.dtype)
         # add point i
@@ -145,9 +173,9 @@ def gibbs_sweep(
 
     carry = (
         clusters.labels, clusters.counts, pack_stats(clusters.stats), pack_params(params),
-        clusters.overflow, clusters.labels[0],
+        clusters.overflow, clusters.labels[order[0]],
     )
-    labels, counts, stats, _, overflow, _ = lax.fori_loop(0, n, body, carry)
+    labels, counts, stats, _, overflow, _ = lax.fori_loop(0, order.shape[0], body, carry)
     stats = unpack_stats(stats)
     return ClusterState(labels, counts, stats, overflow)
 

@@ -24,6 +24,7 @@ Example (NGGP)
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -93,7 +94,7 @@ class Partition(dist.Distribution):
         return self.measure.log_eppf(self.counts(value), self.u)
 
     def sample(self, key, sample_shape=()):
-        num = int(jnp.prod(jnp.asarray(sample_shape))) if sample_shape else 1
+        num = math.prod(sample_shape) if sample_shape else 1
         keys = jax.random.split(key, num)
         draws = jax.vmap(lambda k: self.measure.sample_partition(k, self.num_points))(keys)
         return draws.reshape(tuple(sample_shape) + (self.num_points,))
@@ -163,7 +164,7 @@ class ConjugateMixture(dist.Distribution):
     def sample(self, key, sample_shape=()):
         """Draw data from the prior predictive given the labels (not for DirichletMultinomial)."""
         if sample_shape:
-            keys = jax.random.split(key, int(jnp.prod(jnp.asarray(sample_shape))))
+            keys = jax.random.split(key, math.prod(sample_shape))
             out = jax.vmap(lambda k: self.sample(k))(keys)
             return out.reshape(tuple(sample_shape) + self.event_shape)
         if self.dim is None:

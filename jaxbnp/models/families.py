@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import betaln, gammaln, multigammaln
+from jax.scipy.special import gammaln, multigammaln
 
 from .._pytree import ParameterPytree, concrete_value
 
@@ -54,6 +54,15 @@ __all__ = [
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _LOG_PI = math.log(math.pi)
+
+
+def _log_beta(a, b):
+    """``log B(a, b)`` from ``gammaln``: full float64 precision.
+
+    (``jax.scipy.special.betaln`` switches to an asymptotic branch for
+    arguments >= 8 that is only accurate to about 1e-6.)
+    """
+    return gammaln(a) + gammaln(b) - gammaln(a + b)
 
 
 def _require_positive(owner: str, name: str, value: Any) -> None:
@@ -455,7 +464,7 @@ class BetaBernoulli(Family):
     def log_marginal(self, stats):
         n = stats.n[..., None]
         return jnp.sum(
-            betaln(self.a + stats.ones, self.b + n - stats.ones) - betaln(self.a, self.b), -1
+            _log_beta(self.a + stats.ones, self.b + n - stats.ones) - _log_beta(self.a, self.b), -1
         )
 
     def predictive_params(self, stats):

@@ -36,6 +36,15 @@ from .._pytree import ParameterPytree, concrete_value
 __all__ = ["Measure", "DP", "PitmanYor", "NGGP"]
 
 
+def _float_counts(counts) -> jax.Array:
+    """Cluster sizes as the default float dtype.
+
+    Counts are stored as int32, and JAX promotes int32 to float32 even when
+    x64 is enabled, which would cost ``gammaln``/``log`` their float64 precision.
+    """
+    return jnp.asarray(counts).astype(jnp.result_type(float))
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -121,7 +130,7 @@ class DP(Measure):
         self._set(alpha=alpha)
 
     def log_eppf(self, counts, u=None):
-        counts = jnp.asarray(counts)
+        counts = _float_counts(counts)
         n = jnp.sum(counts)
         k = self.num_clusters(counts)
         alpha = self.alpha
@@ -139,7 +148,7 @@ class DP(Measure):
         return self.alpha * jnp.log1p(u)
 
     def gibbs_log_weights(self, counts, u=None):
-        counts = jnp.asarray(counts)
+        counts = _float_counts(counts)
         log_existing = jnp.where(counts > 0, jnp.log(jnp.maximum(counts, 1)), -jnp.inf)
         return log_existing, jnp.log(self.alpha)
 
@@ -159,7 +168,7 @@ class PitmanYor(Measure):
         self._set(alpha=alpha, d=d)
 
     def log_eppf(self, counts, u=None):
-        counts = jnp.asarray(counts)
+        counts = _float_counts(counts)
         n = jnp.sum(counts)
         k = self.num_clusters(counts)
         alpha, d = self.alpha, self.d
@@ -171,7 +180,7 @@ class PitmanYor(Measure):
         return first - (gammaln(alpha + n) - gammaln(alpha + 1.0)) + jnp.sum(sizes)
 
     def gibbs_log_weights(self, counts, u=None):
-        counts = jnp.asarray(counts)
+        counts = _float_counts(counts)
         k = self.num_clusters(counts)
         log_existing = jnp.where(
             counts > 0, jnp.log(jnp.maximum(counts - self.d, 1e-30)), -jnp.inf
@@ -227,7 +236,7 @@ class NGGP(Measure):
         )
 
     def log_eppf(self, counts, u=None):
-        counts = jnp.asarray(counts)
+        counts = _float_counts(counts)
         n = jnp.sum(counts)
         k = self.num_clusters(counts)
         if u is None:
@@ -238,7 +247,7 @@ class NGGP(Measure):
 
     def log_u_conditional(self, log_u, counts):
         """``log p(log u | Π)`` up to a constant (MATH.md §1), as a function of ``t = log u``."""
-        counts = jnp.asarray(counts)
+        counts = _float_counts(counts)
         n = jnp.sum(counts)
         k = self.num_clusters(counts)
         u = jnp.exp(log_u)
@@ -286,7 +295,7 @@ class NGGP(Measure):
     def gibbs_log_weights(self, counts, u=None):
         if u is None:
             raise ValueError("NGGP Gibbs weights need the auxiliary variable u.")
-        counts = jnp.asarray(counts)
+        counts = _float_counts(counts)
         log_ut = jnp.log(u + self.tau)
         log_existing = jnp.where(
             counts > 0, jnp.log(jnp.maximum(counts - self.sigma, 1e-30)) - log_ut, -jnp.inf
@@ -308,7 +317,7 @@ class NGGP(Measure):
 
     def sample_u(self, key, counts):
         """Draw ``u | Π`` exactly up to quadrature (inverse CDF on the ``log u`` grid)."""
-        counts = jnp.asarray(counts)
+        counts = _float_counts(counts)
         ts, logits = self._log_u_grid(lambda t: self.log_u_conditional(t, counts))
         k1, k2 = jax.random.split(key)
         i = jax.random.categorical(k1, logits)

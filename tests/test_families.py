@@ -1,0 +1,512 @@
+"""Conjugate families (MATH.md §2): marginals, predictives, prior settings, checks.
+
+The references are computed without the library: numerical integrals over the
+cluster parameters (``scipy.integrate``), Monte Carlo over Dirichlet draws,
+chain-rule sums of ``scipy.stats.multivariate_t`` predictives, and closed forms
+written in NumPy/SciPy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, stats
+from scipy.special import betaln, gammaln
+
+import jaxbnp as bnp
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+# The family is a pytree argument of these jitted helpers: one compilation per
+# family class and shape, whatever the hyperparameters.
+@jax.jit
+def _log_marginal(family, cluster_stats):
+    return family.log_marginal(cluster_stats)
+
+
+@jax.jit
+def _log_predictive(family, x, cluster_stats):
+    return family.log_predictive(x, cluster_stats)
+
+
+@jax.jit
+def _prior_log_predictive(family, x):
+    return family.prior_log_predictive(x)
+
+
+def _single_point_stats(family, x):
+    return family.point_stats(jnp.asarray(x)[None, :])
+
+
+# ----------------------------------------------------------------------------- 1. NormalGamma
+
+
+def _normal_gamma_marginal_by_dblquad(x, m0, k0, a0, b0):
+    """log ∫∫ Π N(x_i|μ, 1/λ) N(μ|m0, 1/(k0 λ)) Gamma(λ|a0, rate b0) dμ dλ."""
+    x = np.asarray(x, dtype=float)
+    n = x.size
+    s1, s2 = float(x.sum()), float((x**2).sum())
+    const = (
+        -0.5 * (n + 1) * LOG_2PI + 0.5 * math.log(k0) + a0 * math.log(b0) - math.lgamma(a0)
+    )
+
+    def log_f(mu, lam):
+        # Σ_i (x_i − μ)² = Σx² − 2μΣx + nμ², written out for speed on scalars
+        sq = s2 - 2.0 * mu * s1 + n * mu * mu
+        return (
+            const
+            + (0.5 * (n + 1) + a0 - 1.0) * math.log(lam)
+            - 0.5 * lam * (sq + k0 * (mu - m0) ** 2)
+            - b0 * lam
+        )
+
+    # shift by the log integrand's maximum over a grid, so the integral is O(1)
+    top = max(
+        log_f(mu, lam)
+        for mu in np.linspace(x.min() - 3.0, x.max() + 3.0, 61)
+        for lam in np.exp(np.linspace(-6.0, 4.0, 61))
+    )
+    value, err = integrate.dblquad(
+        lambda mu, lam: math.exp(log_f(mu, lam) - top),
+        0.0,
+        np.inf,
+        -np.inf,
+        np.inf,
+        epsabs=0.0,
+        epsrel=1e-10,
+    )
+    assert err < 1e-7 * value
+    return math.log(value) + top
+
+
+@pytest.mark.parametrize(
+    "x,m0,k0,a0,b0",
+    [
+        ([0.3, -0.5, 1.2], 0.2, 0.5, 2.0, 1.5),
+        ([2.1, 1.7, 2.6, 1.9], 0.0, 1.3, 1.2, 0.4),
+        ([-1.0, 0.4, 0.1], -0.3, 0.1, 3.0, 2.5),
+    ],
+)
+def test_normal_gamma_marginal_matches_double_integral(x, m0, k0, a0, b0):
+    family = bnp.NormalGamma(m0=m0, k0=k0, a0=a0, b0=b0)
+    X = np.asarray(x)[:, None]
+    cluster = family.stats_from_labels(jnp.asarray(X), jnp.zeros(len(x), jnp.int32), 1)
+    got = float(_log_marginal(family, cluster)[0])
+    expected = _normal_gamma_marginal_by_dblquad(x, m0, k0, a0, b0)
+    # rel tol 1e-5 on the marginal likelihood itself = abs tol ~1e-5 on its log
+    assert math.exp(got - expected) == pytest.approx(1.0, rel=1e-5)
+
+
+def test_normal_gamma_multivariate_is_sum_of_univariate():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(9, 3)) * np.array([1.0, 3.0, 0.2]) + np.array([0.0, -2.0, 5.0])
+    labels = jnp.asarray(rng.integers(0, 3, size=9))
+    m0 = np.array([0.1, -1.5, 4.8])
+    b0 = np.array([0.7, 4.0, 0.05])
+    family = bnp.NormalGamma(m0=m0, k0=0.4, a0=1.7, b0=b0)
+    got = np.asarray(_log_marginal(family, family.stats_from_labels(jnp.asarray(X), labels, 4)))
+    expected = np.zeros(4)
+    for d in range(3):
+        fam_d = bnp.NormalGamma(m0=m0[d], k0=0.4, a0=1.7, b0=b0[d])
+        st = fam_d.stats_from_labels(jnp.asarray(X[:, d : d + 1]), labels, 4)
+        expected += np.asarray(_log_marginal(fam_d, st))
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    # and the 1-D marginal of one cluster against MATH.md's closed form
+    sel = np.asarray(labels) == 0
+    xs = X[sel, 1]
+    n, k0, a0 = xs.size, 0.4, 1.7
+    kn = k0 + n
+    mn = (k0 * m0[1] + xs.sum()) / kn
+    an = a0 + n / 2
+    bn = b0[1] + 0.5 * (np.sum(xs**2) + k0 * m0[1] ** 2 - kn * mn**2)
+    closed = (
+        gammaln(an) - gammaln(a0) + a0 * np.log(b0[1]) - an * np.log(bn)
+        + 0.5 * (np.log(k0) - np.log(kn)) - 0.5 * n * LOG_2PI
+    )
+    fam_1 = bnp.NormalGamma(m0=m0[1], k0=k0, a0=a0, b0=b0[1])
+    st = fam_1.stats_from_labels(jnp.asarray(xs[:, None]), jnp.zeros(n, jnp.int32), 1)
+    assert float(_log_marginal(fam_1, st)[0]) == pytest.approx(closed, rel=1e-12)
+
+
+def test_normal_gamma_predictive_is_student_t():
+    """Predictive per dimension: Student-t, 2an dof, location mn, squared scale bn(kn+1)/(an kn)."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(6, 2))
+    m0, k0, a0, b0 = np.array([0.2, -0.1]), 0.8, 2.5, np.array([1.1, 0.6])
+    family = bnp.NormalGamma(m0=m0, k0=k0, a0=a0, b0=b0)
+    st = family.stats_from_labels(jnp.asarray(X), jnp.zeros(6, jnp.int32), 1)
+    x_new = np.array([0.9, -1.4])
+    n = 6
+    kn = k0 + n
+    mn = (k0 * m0 + X.sum(0)) / kn
+    an = a0 + n / 2
+    bn = b0 + 0.5 * ((X**2).sum(0) + k0 * m0**2 - kn * mn**2)
+    scale = np.sqrt(bn * (kn + 1) / (an * kn))
+    expected = stats.t.logpdf(x_new, df=2 * an, loc=mn, scale=scale).sum()
+    got = float(_log_predictive(family, jnp.asarray(x_new), st)[0])
+    assert got == pytest.approx(expected, rel=1e-10)
+
+
+# ----------------------------------------------------------------------------- 2. NormalWishart
+
+
+def _nw_predictive_params(X_seen, m0, r, nu, psi):
+    """MATH.md §2 predictive (multivariate t) after the points ``X_seen``."""
+    d = psi.shape[0]
+    n = X_seen.shape[0]
+    sx = X_seen.sum(axis=0)
+    sxx = X_seen.T @ X_seen
+    rn = r + n
+    nun = nu + n
+    mn = (r * m0 + sx) / rn
+    psin = psi + sxx + r * np.outer(m0, m0) - rn * np.outer(mn, mn)
+    dof = nun - d + 1
+    shape = psin * (rn + 1) / (rn * dof)
+    return mn, shape, dof
+
+
+NW_SETTINGS = [
+    (np.array([0.5, -0.3]), 0.7, 4.5, np.array([[1.5, 0.3], [0.3, 0.8]])),
+    (np.array([0.0, 0.0]), 0.1, 8.0, np.array([[0.4, -0.25], [-0.25, 0.3]])),
+    (np.array([2.0, 1.0]), 3.0, 1.2, np.array([[2.0, 0.0], [0.0, 0.5]])),  # nu just above D-1
+]
+
+
+@pytest.mark.parametrize("m0,r,nu,psi", NW_SETTINGS)
+def test_normal_wishart_marginal_is_chain_of_t_predictives(m0, r, nu, psi):
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(6, 2)) @ np.array([[1.0, 0.4], [0.0, 0.7]]) + np.array([0.3, -0.2])
+    family = bnp.NormalWishart(m0=m0, r=r, nu=nu, psi=psi)
+    expected = 0.0
+    for i in range(X.shape[0]):
+        mn, shape, dof = _nw_predictive_params(X[:i], m0, r, nu, psi)
+        expected += stats.multivariate_t(loc=mn, shape=shape, df=dof).logpdf(X[i])
+    st = family.stats_from_labels(jnp.asarray(X), jnp.zeros(6, jnp.int32), 1)
+    got = float(_log_marginal(family, st)[0])
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+    # a single point: the prior predictive
+    x = X[0]
+    mn, shape, dof = _nw_predictive_params(X[:0], m0, r, nu, psi)
+    prior = stats.multivariate_t(loc=mn, shape=shape, df=dof).logpdf(x)
+    got1 = float(_log_marginal(family, _single_point_stats(family, x))[0])
+    assert got1 == pytest.approx(prior, rel=1e-10, abs=1e-10)
+    assert float(_prior_log_predictive(family, jnp.asarray(x))) == pytest.approx(prior, rel=1e-10)
+
+    # the predictive after 4 points, against scipy
+    st4 = family.stats_from_labels(jnp.asarray(X[:4]), jnp.zeros(4, jnp.int32), 1)
+    mn, shape, dof = _nw_predictive_params(X[:4], m0, r, nu, psi)
+    ref = stats.multivariate_t(loc=mn, shape=shape, df=dof).logpdf(X[5])
+    assert float(_log_predictive(family, jnp.asarray(X[5]), st4)[0]) == pytest.approx(ref, rel=1e-10)
+
+
+def test_normal_wishart_empty_cluster_marginal_is_zero():
+    family = bnp.NormalWishart(*[s for s in NW_SETTINGS[0]])
+    empty = family.empty_stats(3, 2)
+    np.testing.assert_allclose(np.asarray(_log_marginal(family, empty)), 0.0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- 3. DirichletMultinomial
+
+
+def _dirichlet_multinomial_closed_form(counts, beta):
+    counts = np.asarray(counts, dtype=float)
+    beta = np.broadcast_to(np.asarray(beta, dtype=float), counts.shape)
+    log_b_post = gammaln(beta + counts).sum() - gammaln((beta + counts).sum())
+    log_b_prior = gammaln(beta).sum() - gammaln(beta.sum())
+    return log_b_post - log_b_prior
+
+
+@pytest.mark.parametrize("beta", [np.array([0.5, 1.0, 2.0]), 0.8])
+def test_dirichlet_multinomial_marginal_monte_carlo_and_closed_form(beta):
+    X = np.array([[2.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 2.0]])
+    labels = np.array([0, 0, 0, 2])
+    family = bnp.DirichletMultinomial(beta=beta)
+    st = family.stats_from_labels(jnp.asarray(X), jnp.asarray(labels), 3)
+    got = np.asarray(_log_marginal(family, st))
+
+    rng = np.random.default_rng(2024)
+    theta = rng.dirichlet(np.broadcast_to(beta, (3,)), size=200_000)
+    for slot in (0, 2):
+        docs = X[labels == slot]
+        # P(X_c) = E_θ[Π_i Π_w θ_w^{x_iw}] (the multinomial coefficient is dropped)
+        mc = np.log(np.mean(np.prod(theta[:, None, :] ** docs[None, :, :], axis=(1, 2))))
+        assert got[slot] == pytest.approx(mc, abs=0.02)
+        closed = _dirichlet_multinomial_closed_form(docs.sum(axis=0), beta)
+        assert got[slot] == pytest.approx(closed, rel=1e-12, abs=1e-12)
+    assert got[1] == pytest.approx(0.0, abs=1e-12)  # empty slot
+
+
+# ----------------------------------------------------------------------------- 4. BetaBernoulli
+
+
+def _beta_bernoulli_check(X, a, b):
+    family = bnp.BetaBernoulli(a=a, b=b)
+    n = X.shape[0]
+    prior_norm = math.exp(betaln(a, b))
+    total = 0.0
+    for d in range(X.shape[1]):
+        s = X[:, d].sum()
+        value, err = integrate.quad(
+            lambda p: p**s * (1.0 - p) ** (n - s) * p ** (a - 1.0) * (1.0 - p) ** (b - 1.0),
+            0.0,
+            1.0,
+            epsabs=0.0,
+            epsrel=1e-12,
+            limit=200,
+        )
+        assert err < 1e-9 * value
+        expected_d = value / prior_norm
+        st_d = family.stats_from_labels(jnp.asarray(X[:, d : d + 1]), jnp.zeros(n, jnp.int32), 1)
+        got_d = math.exp(float(_log_marginal(family, st_d)[0]))
+        assert got_d == pytest.approx(expected_d, rel=1e-7), (a, b, d)
+        total += math.log(expected_d)
+    st = family.stats_from_labels(jnp.asarray(X), jnp.zeros(n, jnp.int32), 1)
+    assert float(_log_marginal(family, st)[0]) == pytest.approx(total, rel=1e-7)
+
+
+BB_DATA = np.array(
+    [[1, 0, 1, 0], [1, 0, 0, 0], [0, 0, 1, 0], [1, 0, 1, 0], [1, 0, 1, 0], [0, 0, 1, 1]],
+    dtype=float,
+)
+
+
+@pytest.mark.parametrize("a,b", [(0.7, 1.8), (1.0, 1.0), (2.5, 0.4)])
+def test_beta_bernoulli_marginal_matches_quadrature(a, b):
+    _beta_bernoulli_check(BB_DATA, a, b)
+
+
+@pytest.mark.parametrize("a,b", [(3.0, 0.5), (1.0, 1.0)])
+def test_beta_bernoulli_marginal_precision_with_an_argument_of_8_or_more(a, b):
+    # column sums reach a + s >= 8 or b + n - s >= 8
+    X = np.zeros((9, 3))
+    X[:5, 0] = 1.0  # a + s = a + 5
+    X[:7, 1] = 1.0  # a + 7 = 8 for a = 1
+    _beta_bernoulli_check(X, a, b)
+
+
+def test_beta_bernoulli_predictive_equals_marginal_ratio_for_larger_clusters():
+    family = bnp.BetaBernoulli(a=1.0, b=1.0)
+    X = np.zeros((10, 1))
+    X[:2] = 1.0
+    st = family.stats_from_labels(jnp.asarray(X[1:]), jnp.zeros(9, jnp.int32), 1)
+    full = family.stats_from_labels(jnp.asarray(X), jnp.zeros(10, jnp.int32), 1)
+    ratio = float(_log_marginal(family, full)[0] - _log_marginal(family, st)[0])
+    # Laplace's rule of succession: p(x=1 | 1 one in 9) = (1 + 1) / (2 + 9)
+    assert ratio == pytest.approx(math.log(2.0 / 11.0), abs=1e-10)
+    assert float(_log_predictive(family, jnp.asarray(X[0]), st)[0]) == pytest.approx(ratio, abs=1e-8)
+
+
+# ----------------------------------------------------------------------------- 5. predictive = marginal ratio
+
+
+def _family_cases():
+    rng = np.random.default_rng(42)
+    n = 12
+    Xg = rng.normal(size=(n, 3)) @ np.array([[1.0, 0.3, 0.0], [0.0, 0.8, 0.2], [0.0, 0.0, 0.5]])
+    Xg += np.array([1.0, -2.0, 0.5])
+    Xc = rng.poisson(2.0, size=(n, 4)).astype(float)
+    Xb = (rng.random((n, 5)) < 0.4).astype(float)
+    return [
+        pytest.param(
+            bnp.NormalGamma(m0=np.array([0.8, -1.5, 0.0]), k0=0.3, a0=1.5, b0=np.array([1.0, 0.4, 2.0])),
+            Xg,
+            id="NormalGamma",
+        ),
+        pytest.param(
+            bnp.NormalWishart(
+                m0=np.array([1.0, -2.0, 0.5]),
+                r=0.4,
+                nu=5.0,
+                psi=np.array([[1.0, 0.2, 0.0], [0.2, 0.9, 0.1], [0.0, 0.1, 0.6]]),
+            ),
+            Xg,
+            id="NormalWishart",
+        ),
+        pytest.param(
+            bnp.DirichletMultinomial(beta=np.array([0.3, 1.0, 2.5, 0.7])), Xc, id="DirichletMultinomial"
+        ),
+        pytest.param(bnp.BetaBernoulli(a=0.6, b=1.4), Xb, id="BetaBernoulli"),
+    ]
+
+
+CAPACITY = 8
+
+
+@jax.jit
+def _ratio_quantities(family, X, labels, xs):
+    """Everything the ratio test compares, in one compilation per family class."""
+    st = family.stats_from_labels(X, labels, CAPACITY)
+    base = family.log_marginal(st)
+    params = family.predictive_params(st)
+
+    def per_point(x):
+        plus = jax.tree.map(lambda s, p: s + p, st, family.point_stats(x[None, :]))
+        return dict(
+            predictive=family.log_predictive(x, st),
+            ratio=family.log_marginal(plus) - base,
+            prior=family.prior_log_predictive(x),
+            single=family.log_marginal(family.point_stats(x[None, :]))[0],
+            cached=family.log_predictive_from_params(x, params),
+        )
+
+    return st.n, base, jax.vmap(per_point)(xs)
+
+
+@pytest.mark.parametrize("family,X", _family_cases())
+def test_log_predictive_is_ratio_of_marginals(family, X):
+    labels = np.random.default_rng(0).choice([0, 2, 3, 5], size=X.shape[0])
+    labels[:4] = [0, 2, 3, 5]  # every listed slot occupied, slots 1, 4, 6, 7 empty
+    xs = np.stack([X[0], X[5], X[-1], X[0] + X[1]])  # seen points and a new one
+    if isinstance(family, bnp.BetaBernoulli):
+        xs[-1] = 1.0 - X[0]
+    n, base, out = _ratio_quantities(family, jnp.asarray(X), jnp.asarray(labels), jnp.asarray(xs))
+    out = {k: np.asarray(v) for k, v in out.items()}
+    assert np.array_equal(np.asarray(n), np.bincount(labels, minlength=CAPACITY))
+    np.testing.assert_allclose(np.asarray(base)[[1, 4, 6, 7]], 0.0, atol=1e-12)  # empty slots
+
+    assert out["predictive"].shape == (len(xs), CAPACITY)
+    np.testing.assert_allclose(out["predictive"], out["ratio"], rtol=0, atol=1e-8)
+    # prior predictive = marginal of the single point = predictive of an empty slot
+    np.testing.assert_allclose(out["prior"], out["single"], rtol=0, atol=1e-8)
+    np.testing.assert_allclose(out["predictive"][:, 1], out["single"], rtol=0, atol=1e-8)
+    # the cached form used by the samplers agrees with log_predictive
+    np.testing.assert_allclose(out["cached"], out["predictive"], rtol=0, atol=1e-12)
+    assert np.all(np.isfinite(out["predictive"]))
+
+
+# ----------------------------------------------------------------------------- 6. from_data
+
+
+def test_normal_wishart_from_data():
+    rng = np.random.default_rng(9)
+    for d in (1, 2, 4):
+        X = rng.normal(size=(50, d)) @ rng.normal(size=(d, d)) * 3.0 + rng.normal(size=d) * 10
+        fam = bnp.NormalWishart.from_data(X)
+        assert float(fam.r) == pytest.approx(0.1, rel=1e-12)
+        assert float(fam.nu) == pytest.approx(d + 6, rel=1e-12)
+        np.testing.assert_allclose(np.asarray(fam.m0), X.mean(axis=0), rtol=1e-12, atol=1e-12)
+        psi = np.asarray(fam.psi)
+        assert psi.shape == (d, d)
+        assert np.linalg.det(psi) == pytest.approx(0.1, rel=1e-8)
+        # Ψ is proportional to the sample covariance
+        S = np.atleast_2d(np.cov(X, rowvar=False))
+        ratio = psi / S
+        np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-8)
+        assert np.isfinite(float(_log_marginal(fam, fam.stats_from_labels(
+            jnp.asarray(X), jnp.zeros(50, jnp.int32), 1))[0]))
+
+
+def test_normal_wishart_from_data_rejects_singular_covariance():
+    X = np.column_stack([np.arange(10.0), 2 * np.arange(10.0)])
+    with pytest.raises(ValueError, match="singular"):
+        bnp.NormalWishart.from_data(X)
+
+
+def test_normal_gamma_from_data():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(40, 3)) * np.array([0.01, 1.0, 100.0])
+    X[:, 0] = 3.0  # a constant column
+    fam = bnp.NormalGamma.from_data(X)
+    for name in ("k0", "a0", "b0"):
+        v = np.asarray(getattr(fam, name))
+        assert np.all(np.isfinite(v)) and np.all(v > 0), name
+    m0 = np.asarray(fam.m0)
+    assert np.all(np.isfinite(m0))
+    np.testing.assert_allclose(m0, X.mean(axis=0), rtol=1e-12)
+    # prior mean of the variance b0/(a0-1) is the data variance (1 for constant columns)
+    var = X.var(axis=0)
+    var[0] = 1.0
+    np.testing.assert_allclose(np.asarray(fam.b0) / (float(fam.a0) - 1.0), var, rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- 7. invalid parameters
+
+PSI2 = np.array([[1.0, 0.2], [0.2, 0.5]])
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: bnp.NormalWishart(np.zeros(2), 1.0, 4.0, np.array([[1.0, 2.0], [2.0, 1.0]])), "positive definite"),
+        (lambda: bnp.NormalWishart(np.zeros(2), 1.0, 4.0, np.zeros((2, 2))), "positive definite"),
+        (lambda: bnp.NormalWishart(np.zeros(2), 1.0, 4.0, np.ones((2, 3))), "square"),
+        (lambda: bnp.NormalWishart(np.zeros(2), 1.0, 4.0, np.ones(2)), "square"),
+        (lambda: bnp.NormalWishart(np.zeros(2), 1.0, 4.0, np.array([[1.0, 0.3], [0.1, 1.0]])), "symmetric"),
+        (lambda: bnp.NormalWishart(np.zeros(2), 1.0, 1.0, PSI2), r"nu must be > D - 1"),
+        (lambda: bnp.NormalWishart(np.zeros(2), 1.0, 0.5, PSI2), r"nu must be > D - 1"),
+        (lambda: bnp.NormalWishart(np.zeros(3), 1.0, 4.0, PSI2), r"m0 must have shape \(2,\)"),
+        (lambda: bnp.NormalWishart(np.zeros(2), 0.0, 4.0, PSI2), r"r must be > 0"),
+        (lambda: bnp.NormalWishart(np.array([0.0, np.nan]), 1.0, 4.0, PSI2), r"m0 must be finite"),
+        (lambda: bnp.NormalGamma(k0=0.0), r"k0 must be > 0"),
+        (lambda: bnp.NormalGamma(k0=-1.0), r"k0 must be > 0"),
+        (lambda: bnp.NormalGamma(a0=0.0), r"a0 must be > 0"),
+        (lambda: bnp.NormalGamma(b0=0.0), r"b0 must be > 0"),
+        (lambda: bnp.NormalGamma(b0=np.array([1.0, -0.5])), r"b0 must be > 0"),
+        (lambda: bnp.NormalGamma(m0=np.inf), r"m0 must be finite"),
+        (lambda: bnp.BetaBernoulli(a=0.0), r"BetaBernoulli: a must be > 0"),
+        (lambda: bnp.BetaBernoulli(b=-2.0), r"BetaBernoulli: b must be > 0"),
+        (lambda: bnp.DirichletMultinomial(beta=-1.0), r"DirichletMultinomial: beta must be > 0"),
+        (lambda: bnp.DirichletMultinomial(beta=np.array([1.0, 0.0])), r"beta must be > 0"),
+    ],
+)
+def test_invalid_family_parameters_raise(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_validate_data():
+    dm = bnp.DirichletMultinomial(beta=1.0)
+    dm.validate_data(np.array([[0.0, 2.0, 5.0], [1.0, 0.0, 0.0]]))  # fine
+    with pytest.raises(ValueError, match="non-negative integer counts"):
+        dm.validate_data(np.array([[0.0, -1.0, 5.0]]))
+    with pytest.raises(ValueError, match="non-negative integer counts"):
+        dm.validate_data(np.array([[0.0, 1.5, 5.0]]))
+    with pytest.raises(ValueError, match="beta has length 2"):
+        bnp.DirichletMultinomial(beta=np.ones(2)).validate_data(np.ones((2, 3)))
+
+    bb = bnp.BetaBernoulli()
+    bb.validate_data(np.array([[0.0, 1.0], [1.0, 1.0]]))  # fine
+    with pytest.raises(ValueError, match="binary"):
+        bb.validate_data(np.array([[0.0, 2.0]]))
+    with pytest.raises(ValueError, match="binary"):
+        bb.validate_data(np.array([[0.5, 1.0]]))
+
+    with pytest.raises(ValueError, match="2 x 2 but the data have 3 columns"):
+        bnp.NormalWishart(np.zeros(2), 1.0, 4.0, PSI2).validate_data(np.ones((4, 3)))
+    with pytest.raises(ValueError, match="m0 has length 2"):
+        bnp.NormalGamma(m0=np.zeros(2)).validate_data(np.ones((4, 3)))
+
+
+# ----------------------------------------------------------------------------- 8. float32
+
+
+def test_normal_wishart_log_predictive_float32():
+    rng = np.random.default_rng(12)
+    X = rng.normal(size=(30, 3)) @ np.array([[1.0, 0.3, 0.0], [0.0, 0.8, 0.2], [0.0, 0.0, 0.5]])
+    labels = rng.integers(0, 3, size=30)
+    m0 = X.mean(axis=0)
+    psi = np.array([[1.0, 0.2, 0.0], [0.2, 0.9, 0.1], [0.0, 0.1, 0.6]])
+    r, nu = 0.5, 6.0
+
+    fam64 = bnp.NormalWishart(m0=m0, r=r, nu=nu, psi=psi)
+    st64 = fam64.stats_from_labels(jnp.asarray(X), jnp.asarray(labels), 4)
+
+    f32 = jnp.float32
+    fam32 = bnp.NormalWishart(
+        m0=jnp.asarray(m0, f32), r=jnp.asarray(r, f32), nu=jnp.asarray(nu, f32), psi=jnp.asarray(psi, f32)
+    )
+    st32 = fam32.stats_from_labels(jnp.asarray(X, f32), jnp.asarray(labels, jnp.int32), 4)
+    assert st32.sum_xx.dtype == f32
+
+    for x in (X[0], X[7], np.array([0.5, -1.0, 2.0])):
+        v64 = np.asarray(_log_predictive(fam64, jnp.asarray(x), st64))
+        v32 = _log_predictive(fam32, jnp.asarray(x, f32), st32)
+        assert v32.dtype == f32  # computed in float32, not silently promoted
+        np.testing.assert_allclose(np.asarray(v32, dtype=float), v64, rtol=1e-4)
+        assert np.all(np.isfinite(np.asarray(v32)))
