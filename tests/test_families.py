@@ -510,3 +510,26 @@ def test_normal_wishart_log_predictive_float32():
         assert v32.dtype == f32  # computed in float32, not silently promoted
         np.testing.assert_allclose(np.asarray(v32, dtype=float), v64, rtol=1e-4)
         assert np.all(np.isfinite(np.asarray(v32)))
+
+
+def test_normal_wishart_rank_one_updates_match_recomputation():
+    """params_add / params_remove (Sherman-Morrison) equal predictive_params from statistics."""
+    rng = np.random.default_rng(3)
+    d = 3
+    family = bnp.NormalWishart(np.zeros(d), 0.4, d + 2.0, np.eye(d) * 0.5)
+    X = rng.normal(size=(6, d))
+    x = rng.normal(size=d)
+    labels = jnp.zeros(6, jnp.int32)
+    base = family.stats_from_labels(jnp.asarray(X), labels, 1)
+    plus = family.stats_from_labels(jnp.asarray(np.vstack([X, x])), jnp.zeros(7, jnp.int32), 1)
+    p_base = family.predictive_params(base)
+    p_plus = family.predictive_params(plus)
+    for got, want in zip(family.params_add(p_base, jnp.asarray(x)), p_plus):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for got, want in zip(family.params_remove(p_plus, jnp.asarray(x)), p_base):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    # removing the only point gives back the prior
+    one = family.stats_from_labels(jnp.asarray(x[None]), jnp.zeros(1, jnp.int32), 1)
+    prior = family.predictive_params(family.empty_stats(1, d))
+    for got, want in zip(family.params_remove(family.predictive_params(one), jnp.asarray(x)), prior):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)

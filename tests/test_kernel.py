@@ -47,9 +47,10 @@ def _run(model, X, chain_method, num_chains=2, **kw):
 def test_chain_methods_give_identical_draws(model):
     X = _data()
     runs = {m: _run(model, X, m) for m in ("sequential", "vectorized", "parallel")}
+    runs["vectorized-vmap"] = _run(model, X, "vectorized", chain_batching="vmap")
     ref = runs["vectorized"].get_samples(group_by_chain=True)
     assert ref["z"].shape == (2, 20, X.shape[0])
-    for method in ("sequential", "parallel"):
+    for method in ("sequential", "parallel", "vectorized-vmap"):
         other = runs[method].get_samples(group_by_chain=True)
         assert set(other) == set(ref)
         for site in ref:

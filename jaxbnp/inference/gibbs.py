@@ -138,6 +138,10 @@ def assignment_sweep(
     # log p(x_i) under the prior does not depend on the state: all points at once
     prior_log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, prior_params)[0])(X)
     slots = jnp.arange(capacity)
+    # families with O(D²) rank-one updates of their cached predictive (NormalWishart)
+    # avoid factorisations inside the loop; the others refresh two slots per point
+    rank_one = hasattr(family, "params_add") and hasattr(family, "params_remove")
+    prior_packed = pack_params(prior_params)[0]
 
     def body(step, carry):
         labels, counts, stats, params, overflow, pending = carry
@@ -148,10 +152,16 @@ def assignment_sweep(
         # remove point i
         counts = counts.at[old].add(-1)
         stats = stats.at[old].add(-ps)
-        # refresh, in one batch, the slot point i-1 joined and the slot point i left
-        touched = jnp.stack([pending, old])
-        fresh = family.predictive_params(unpack_stats(stats[touched]))
-        params = params.at[touched].set(pack_params(fresh))
+        params_with_i = params[old]
+        if rank_one:
+            # O(D²) downdate; an emptied slot goes back to the prior exactly
+            down = pack_params(family.params_remove(unpack_params(params_with_i[None]), x))[0]
+            params = params.at[old].set(jnp.where(counts[old] > 0, down, prior_packed))
+        else:
+            # refresh, in one batch, the slot point i-1 joined and the slot point i left
+            touched = jnp.stack([pending, old])
+            fresh = family.predictive_params(unpack_stats(stats[touched]))
+            params = params.at[touched].set(pack_params(fresh))
         # weights (MATH.md §1) times predictive (MATH.md §2)
         log_existing, log_new = measure.gibbs_log_weights(counts, u)
         log_pred = family.log_predictive_from_params(x, unpack_params(params))
@@ -169,6 +179,10 @@ def assignment_sweep(
         counts = counts.at[new].add(1)
         stats = stats.at[new].add(ps)
         labels = labels.at[i].set(new)
+        if rank_one:
+            # back where it was: restore the cached parameters (no rounding drift)
+            up = pack_params(family.params_add(unpack_params(params[new][None]), x))[0]
+            params = params.at[new].set(jnp.where(new == old, params_with_i, up))
         return labels, counts, stats, params, overflow, new
 
     carry = (

@@ -230,6 +230,17 @@ class NormalWishartStats(NamedTuple):
     sum_xx: jax.Array  # (..., D, D)
 
 
+class NormalWishartParams(NamedTuple):
+    """Cached multivariate-t predictive of each cluster (leading axes = clusters)."""
+
+    mean: jax.Array  # (..., D) m_n
+    psi_inv: jax.Array  # (..., D, D) Ψ_n⁻¹
+    logdet_psi: jax.Array  # (...,) log|Ψ_n|
+    rn: jax.Array  # (...,)
+    nun: jax.Array  # (...,)
+    log_norm: jax.Array  # (...,) log normaliser of the t density
+
+
 class NormalWishart(Family):
     """Full-covariance Gaussian with a Normal-Wishart prior (MATH.md §2).
 
@@ -330,31 +341,60 @@ class NormalWishart(Family):
         )
 
     def predictive_params(self, stats):
-        d = self.psi.shape[-1]
+        """``NormalWishartParams``: ``m_n``, ``Ψ_n⁻¹``, ``log|Ψ_n|``, ``r_n``, ``ν_n`` and the t normaliser."""
         rn, nun, mn, psin = self._posterior(stats)
-        dof = nun - d + 1.0
-        scale = psin * ((rn + 1.0) / (rn * dof))[..., None, None]
-        chol = jnp.linalg.cholesky(scale)
-        eye = jnp.eye(d, dtype=chol.dtype)
-        inv_chol = jax.scipy.linalg.solve_triangular(
-            chol, jnp.broadcast_to(eye, chol.shape), lower=True
-        )
+        chol = jnp.linalg.cholesky(psin)
+        d = self.psi.shape[-1]
+        eye = jnp.broadcast_to(jnp.eye(d, dtype=chol.dtype), chol.shape)
+        psi_inv = jax.scipy.linalg.cho_solve((chol, True), eye)
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), -1)
+        return self._with_norm(mn, psi_inv, logdet, rn, nun)
+
+    def _with_norm(self, mn, psi_inv, logdet_psi, rn, nun):
+        d = self.psi.shape[-1]
+        dof = nun - d + 1.0
+        # log|scale| with scale = Ψ_n (r_n+1) / (r_n dof)
+        logdet_scale = logdet_psi + d * jnp.log((rn + 1.0) / (rn * dof))
         log_norm = (
             gammaln(0.5 * (dof + d))
             - gammaln(0.5 * dof)
             - 0.5 * d * jnp.log(dof * jnp.pi)
-            - 0.5 * logdet
+            - 0.5 * logdet_scale
         )
-        return (mn, inv_chol, dof, log_norm)
+        return NormalWishartParams(mn, psi_inv, logdet_psi, rn, nun, log_norm)
 
     def log_predictive_from_params(self, x, params):
-        mn, inv_chol, dof, log_norm = params
-        d = mn.shape[-1]
-        # multiply-and-sum (not einsum): fuses with the rest on CPU, ~10% faster per Gibbs step
-        y = jnp.sum(inv_chol * (x - mn)[..., None, :], axis=-1)
-        maha = jnp.sum(y * y, -1)
-        return log_norm - 0.5 * (dof + d) * jnp.log1p(maha / dof)
+        d = self.psi.shape[-1]
+        diff = x - params.mean
+        # multiply-and-sum (not einsum): fuses with the rest on CPU
+        q = jnp.sum(jnp.sum(params.psi_inv * diff[..., None, :], -1) * diff, -1)
+        dof = params.nun - d + 1.0
+        return params.log_norm - 0.5 * (dof + d) * jnp.log1p(q * params.rn / (params.rn + 1.0))
+
+    def params_add(self, params, x):
+        """Predictive parameters after adding ``x`` to a cluster: Sherman-Morrison, no factorisation.
+
+        ``Ψ_{n+1} = Ψ_n + r_n/(r_n+1) (x − m_n)(x − m_n)ᵀ``.
+        """
+        return self._rank_one(params, x, +1.0)
+
+    def params_remove(self, params, x):
+        """Predictive parameters after removing ``x`` from a cluster that contains it.
+
+        ``Ψ_{n−1} = Ψ_n − r_n/(r_n−1) (x − m_n)(x − m_n)ᵀ``.
+        """
+        return self._rank_one(params, x, -1.0)
+
+    def _rank_one(self, p, x, sign):
+        rn = p.rn
+        v = x - p.mean
+        w = jnp.sum(p.psi_inv * v[..., None, :], -1)
+        q = jnp.sum(v * w, -1)
+        c = sign * rn / (rn + sign)
+        denom = 1.0 + c * q
+        psi_inv = p.psi_inv - (c / denom)[..., None, None] * w[..., :, None] * w[..., None, :]
+        mean = (rn[..., None] * p.mean + sign * x) / (rn + sign)[..., None]
+        return self._with_norm(mean, psi_inv, p.logdet_psi + jnp.log(denom), rn + sign, p.nun + sign)
 
     def validate_data(self, X):
         d = self.psi.shape[-1]
