@@ -245,19 +245,27 @@ class NGGP(Measure):
         log_kappa = jnp.where(counts > 0, self.log_kappa(jnp.maximum(counts, 1), u), 0.0)
         return (n - 1) * jnp.log(u) - gammaln(n) - self.psi(u) + jnp.sum(log_kappa)
 
+    def _log_u_plus_tau(self, log_u):
+        """``log(u + τ)`` from ``t = log u`` without forming ``u`` (no overflow for large t)."""
+        return jnp.logaddexp(log_u, jnp.log(self.tau))
+
+    def _psi_from_log(self, log_ut):
+        """``ψ(u)`` from ``log(u + τ)``."""
+        return self.alpha * (jnp.exp(self.sigma * log_ut) - self.tau**self.sigma)
+
     def log_u_conditional(self, log_u, counts):
         """``log p(log u | Π)`` up to a constant (MATH.md §1), as a function of ``t = log u``."""
         counts = _float_counts(counts)
         n = jnp.sum(counts)
         k = self.num_clusters(counts)
-        u = jnp.exp(log_u)
-        return n * log_u - self.psi(u) - (n - k * self.sigma) * jnp.log(u + self.tau)
+        log_ut = self._log_u_plus_tau(log_u)
+        return n * log_u - self._psi_from_log(log_ut) - (n - k * self.sigma) * log_ut
 
     # -- u integrated out ---------------------------------------------------------------
     def _log_v_integrand(self, t, n, k):
         # log of the integrand of V(n, K) in t = log u, without K log(ασ) − lgamma(n)
-        u = jnp.exp(t)
-        return n * t - self.psi(u) + (k * self.sigma - n) * jnp.log(u + self.tau)
+        log_ut = self._log_u_plus_tau(t)
+        return n * t - self._psi_from_log(log_ut) + (k * self.sigma - n) * log_ut
 
     def _log_u_grid(self, g, num_nodes: int = 2001):
         """Nodes ``t`` and values ``g(t)`` covering the mass of a log-concave ``exp(g)``.

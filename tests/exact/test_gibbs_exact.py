@@ -247,3 +247,58 @@ def test_alpha_by_escobar_west_matches_enumeration():
     s = _run(_alpha_model(NG), X, num_samples=5000, update_hyperparameters=True)
     assert _alpha_tv(s["alpha"], alpha_probs) < TV_TOLERANCE
     assert total_variation(s["z"], parts, part_probs) < TV_TOLERANCE
+
+
+NGGP_HYPER_SAMPLES = 30000
+
+
+def test_nggp_alpha_and_sigma_updates_match_enumeration():
+    """update_hyperparameters=True with NGGP: alpha ~ Gamma(1, 1) (conjugate given u) and
+    sigma ~ Beta(1.5, 1.5) (slice). Exact joint of (alpha, sigma, Π) on a grid, u integrated out
+    (the library's quadrature, itself checked against scipy in tests/test_measures.py)."""
+    n = 6
+    X = _gaussian_data(n, seed=7)
+    parts = set_partitions(n)
+    lik = np.asarray(jax.vmap(lambda p: bnp.ConjugateMixture(NG, p).log_prob(jnp.asarray(X)))(jnp.asarray(parts)))
+    # the EPPF depends on a partition only through its multiset of cluster sizes
+    shapes = [tuple(sorted(np.bincount(p).tolist(), reverse=True)) for p in parts]
+    unique = sorted(set(shapes))
+    which = np.array([unique.index(sh) for sh in shapes])
+    counts = jnp.asarray([list(sh) + [0] * (n - len(sh)) for sh in unique])
+    alphas = np.linspace(0.005, 10.0, 400)
+    sigmas = np.linspace(0.005, 0.995, 100)
+
+    def log_eppf_row(a):  # (S, U) for one alpha
+        return jax.vmap(lambda s: jax.vmap(lambda c: bnp.NGGP(a, s).log_eppf(c))(counts))(
+            jnp.asarray(sigmas)
+        )
+
+    log_eppf = np.asarray(jax.jit(lambda a: jax.lax.map(log_eppf_row, a))(jnp.asarray(alphas)))
+    log_eppf = log_eppf[:, :, which]  # (A, S, P)
+    log_prior = (-alphas)[:, None, None] + (0.5 * np.log(sigmas) + 0.5 * np.log1p(-sigmas))[None, :, None]
+    joint = normalise((log_eppf + log_prior + lik[None, None, :]).ravel()).reshape(log_eppf.shape)
+    part_probs = joint.sum((0, 1))
+    sigma_probs = joint.sum((0, 2))
+
+    def model(X):
+        alpha = numpyro.sample("alpha", dist.Gamma(1.0, 1.0))
+        sigma = numpyro.sample("sigma", dist.Beta(1.5, 1.5))
+        u = numpyro.sample("u", bnp.AuxiliaryU())
+        z = numpyro.sample("z", bnp.Partition(bnp.NGGP(alpha, sigma), X.shape[0], u=u))
+        numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
+
+    # alpha and u are strongly coupled under the reference implementation's conditional
+    # updates (MATH.md §1), so alpha mixes slowly: long chains and a long warm-up
+    s = _run(model, X, num_samples=NGGP_HYPER_SAMPLES, num_warmup=3000, update_hyperparameters=True)
+    assert total_variation(s["z"], parts, part_probs) < TV_TOLERANCE
+    # sigma and alpha marginals in 5 equal-mass bins each
+    for name, values, probs in (("sigma", sigmas, sigma_probs), ("alpha", alphas, joint.sum((1, 2)))):
+        # each grid point carries its cell's mass: the CDF is reached at the cell's upper edge
+        upper = values + 0.5 * (values[1] - values[0])
+        cdf = np.cumsum(probs)
+        edges = np.interp([0.2, 0.4, 0.6, 0.8], cdf, upper)
+        exact = np.diff(np.concatenate([[0.0], np.interp(edges, upper, cdf), [1.0]]))
+        draws = np.asarray(s[name])
+        emp = np.bincount(np.searchsorted(edges, draws), minlength=5) / len(draws)
+        tv = 0.5 * np.abs(emp - exact).sum()
+        assert tv < TV_TOLERANCE, (name, tv, emp, exact)
