@@ -33,6 +33,7 @@ __all__ = [
     "move_point",
     "canonical_labels",
     "first_free_slot",
+    "tree_index",
     "CapacityError",
     "raise_if_overflow",
 ]
@@ -98,6 +99,11 @@ def init_clusters(family, X, labels, capacity: int) -> ClusterState:
     counts = jnp.zeros(capacity, jnp.int32).at[lab_j].add(1)
     stats = family.stats_from_labels(X, lab_j, capacity)
     return ClusterState(lab_j, counts, stats, jnp.array(False))
+
+
+def tree_index(tree, i):
+    """``tree`` with every leaf indexed by ``i`` along its leading (slot or batch) axis."""
+    return jax.tree.map(lambda a: a[i], tree)
 
 
 def first_free_slot(counts: jax.Array) -> tuple[jax.Array, jax.Array]:

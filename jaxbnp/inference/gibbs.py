@@ -23,9 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.scipy.special import gammaln
 
-from ..models.measures import Measure, NGGP, DP
+from ..models.measures import Measure, NGGP
 from .clusters import ClusterState, init_clusters
 from .slice import slice_sample
 
@@ -53,10 +52,6 @@ def init(family, X, labels, capacity: int, u: float = 1.0) -> GibbsState:
     """Initial state from data and labels (host side)."""
     X = jnp.asarray(X)
     return GibbsState(init_clusters(family, X, labels, capacity), jnp.asarray(u, X.dtype))
-
-
-def _index(tree, i):
-    return jax.tree.map(lambda a: a[i], tree)
 
 
 def _packer(tree):

@@ -39,7 +39,7 @@ from .._validation import check_data, check_labels
 from ..models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ..models.measures import DP, NGGP
 from . import gibbs as gibbs_core
-from .clusters import ClusterState, canonical_labels, init_clusters, raise_if_overflow
+from .clusters import ClusterState, canonical_labels, raise_if_overflow
 
 __all__ = ["CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn", "ModelSpec"]
 
@@ -352,14 +352,15 @@ class CollapsedGibbs(MCMCKernel):
     def _sample_one(self, state, model_args, model_kwargs):
         spec = self._spec
         measure, family, X, u, priors = self._read(state.z, model_args, model_kwargs)
-        key, k_sweep, k_u, k_alpha, k_sigma = jax.random.split(state.rng_key, 5)
-        clusters = gibbs_core.gibbs_sweep(k_sweep, state.clusters, X, measure, family, u)
+        key, k_step, k_alpha, k_sigma = jax.random.split(state.rng_key, 4)
+        # sweep, then (NGGP) u: the pure core step
+        core = gibbs_core.step(k_step, gibbs_core.GibbsState(state.clusters, u), X, measure, family)
+        clusters, u = core.clusters, core.u
         if clusters.capacity < spec.num_points:
             raise_if_overflow(clusters)
         z = dict(state.z)
         k = clusters.num_clusters
         if spec.u_site is not None:
-            u = gibbs_core.update_u(k_u, u, clusters.counts, measure)
             z[spec.u_site] = u
         if spec.alpha_site is not None:
             prior = priors[spec.alpha_site]

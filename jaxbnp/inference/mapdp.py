@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..models.measures import Measure
-from .clusters import ClusterState, first_free_slot
+from .clusters import ClusterState, first_free_slot, tree_index
 from .gibbs import assignment_sweep
 
 __all__ = [
@@ -79,10 +79,6 @@ def negative_log_joint(clusters: ClusterState, measure: Measure, family) -> jax.
     """``−log p(X, Π) = −Σ_c log P(X_c) − log p(Π)`` from cluster statistics (MATH.md §2-3)."""
     lm = jnp.where(clusters.counts > 0, family.log_marginal(clusters.stats), 0.0)
     return -(jnp.sum(lm) + measure.log_eppf(clusters.counts))
-
-
-def _index(tree, i):
-    return jax.tree.map(lambda a: a[i], tree)
 
 
 def batched_sweep(
@@ -226,7 +222,7 @@ def fit(
     )
     runs = jax.vmap(run)(orders) if mode == "sequential" else lax.map(run, orders)
     best = jnp.argmin(jnp.where(runs.clusters.overflow, jnp.inf, runs.nll))
-    return _index(runs, best), runs
+    return tree_index(runs, best), runs
 
 
 def predict_log_weights(
