@@ -33,6 +33,7 @@ __all__ = [
     "move_point",
     "canonical_labels",
     "first_free_slot",
+    "cluster_log_joint",
     "tree_index",
     "CapacityError",
     "raise_if_overflow",
@@ -99,6 +100,15 @@ def init_clusters(family, X, labels, capacity: int) -> ClusterState:
     counts = jnp.zeros(capacity, jnp.int32).at[lab_j].add(1)
     stats = family.stats_from_labels(X, lab_j, capacity)
     return ClusterState(lab_j, counts, stats, jnp.array(False))
+
+
+def cluster_log_joint(clusters: ClusterState, measure, family, u=None) -> jax.Array:
+    """``log p(X, Π[, u]) = Σ_c log P(X_c) + log p(Π[, u])`` from the state (MATH.md §2).
+
+    ``u`` is used only by measures that carry it (NGGP).
+    """
+    lm = jnp.where(clusters.counts > 0, family.log_marginal(clusters.stats), 0.0)
+    return jnp.sum(lm) + measure.log_eppf(clusters.counts, u if measure.has_auxiliary else None)
 
 
 def tree_index(tree, i):

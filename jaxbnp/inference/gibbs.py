@@ -129,7 +129,7 @@ def assignment_sweep(
     params = family.predictive_params(clusters.stats)
     pack_stats, unpack_stats = _packer(clusters.stats)
     pack_params, unpack_params = _packer(params)
-    prior_params = family.predictive_params(family.empty_stats(1, X.shape[1], X.dtype))
+    prior_params = family.prior_predictive_params(X.shape[1], X.dtype)
     # log p(x_i) under the prior does not depend on the state: all points at once
     prior_log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, prior_params)[0])(X)
     slots = jnp.arange(capacity)

@@ -39,7 +39,7 @@ from .._validation import check_data, check_labels
 from ..models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ..models.measures import DP, NGGP
 from . import gibbs as gibbs_core
-from .clusters import ClusterState, canonical_labels, raise_if_overflow
+from .clusters import ClusterState, canonical_labels, cluster_log_joint, raise_if_overflow
 
 __all__ = ["CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn", "ModelSpec"]
 
@@ -279,8 +279,6 @@ class CollapsedGibbs(MCMCKernel):
         self._spec, hyper0 = self._setup(init_params, model_args, model_kwargs)
         init_params = dict(init_params or {})
         batched = not is_prng_key(rng_key)
-        if batched:
-            init_params = {k: v for k, v in init_params.items()}
 
         def init_one(key, params):
             return self._init_one(key, params, hyper0, model_args, model_kwargs)
@@ -341,13 +339,8 @@ class CollapsedGibbs(MCMCKernel):
             raise_if_overflow(clusters)
         z[spec.partition_site] = labels
         u = z.get(spec.u_site, jnp.ones(()))
-        lj = self._log_joint(clusters, measure, family, u)
+        lj = cluster_log_joint(clusters, measure, family, u)
         return CollapsedGibbsState(z, clusters, lj, clusters.num_clusters, key)
-
-    @staticmethod
-    def _log_joint(clusters, measure, family, u):
-        lm = jnp.where(clusters.counts > 0, family.log_marginal(clusters.stats), 0.0)
-        return jnp.sum(lm) + measure.log_eppf(clusters.counts, u if measure.has_auxiliary else None)
 
     def _sample_one(self, state, model_args, model_kwargs):
         spec = self._spec
@@ -382,7 +375,7 @@ class CollapsedGibbs(MCMCKernel):
             measure = measure.replace(sigma=sigma)
             z[spec.sigma_site] = sigma
         z[spec.partition_site] = canonical_labels(clusters.labels, clusters.capacity)
-        lj = self._log_joint(clusters, measure, family, u)
+        lj = cluster_log_joint(clusters, measure, family, u)
         return CollapsedGibbsState(z, clusters, lj, k, key)
 
     def sample(self, state, model_args, model_kwargs):
@@ -397,7 +390,7 @@ class CollapsedGibbs(MCMCKernel):
 
         def one(s):
             measure, family, _, u, _ = self._read(s.z, model_args, model_kwargs)
-            return s._replace(log_joint=self._log_joint(s.clusters, measure, family, u))
+            return s._replace(log_joint=cluster_log_joint(s.clusters, measure, family, u))
 
         return jax.vmap(one)(state) if jnp.ndim(state.log_joint) else one(state)
 

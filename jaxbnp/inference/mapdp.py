@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..models.measures import Measure
-from .clusters import ClusterState, first_free_slot, tree_index
+from .clusters import ClusterState, cluster_log_joint, first_free_slot, tree_index
 from .gibbs import assignment_sweep
 
 __all__ = [
@@ -77,8 +77,7 @@ class MAPDPResult(NamedTuple):
 
 def negative_log_joint(clusters: ClusterState, measure: Measure, family) -> jax.Array:
     """``−log p(X, Π) = −Σ_c log P(X_c) − log p(Π)`` from cluster statistics (MATH.md §2-3)."""
-    lm = jnp.where(clusters.counts > 0, family.log_marginal(clusters.stats), 0.0)
-    return -(jnp.sum(lm) + measure.log_eppf(clusters.counts))
+    return -cluster_log_joint(clusters, measure, family)
 
 
 def batched_sweep(
@@ -94,7 +93,7 @@ def batched_sweep(
     # padding repeats the last point: masked out of the joint step, harmless in ICM
     padded = jnp.concatenate([order, jnp.full((pad,), order[-1], order.dtype)])
     valid_all = jnp.arange(num_blocks * block_size) < n
-    prior_params = family.predictive_params(family.empty_stats(1, X.shape[1], X.dtype))
+    prior_params = family.prior_predictive_params(X.shape[1], X.dtype)
 
     def block(b, st: ClusterState) -> ClusterState:
         idx = lax.dynamic_slice(padded, (b * block_size,), (block_size,))
@@ -237,7 +236,7 @@ def predict_log_weights(
     """
     log_existing, log_new = measure.gibbs_log_weights(clusters.counts)
     params = family.predictive_params(clusters.stats)
-    prior_params = family.predictive_params(family.empty_stats(1, X_new.shape[1], X_new.dtype))
+    prior_params = family.prior_predictive_params(X_new.shape[1], X_new.dtype)
     log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, params))(X_new)
     log_prior = jax.vmap(lambda x: family.log_predictive_from_params(x, prior_params)[0])(X_new)
     existing = jnp.where(clusters.counts > 0, log_existing + log_pred, -jnp.inf)

@@ -117,10 +117,13 @@ class Family(ParameterPytree):
         """``log p(x | X_c)`` for one point ``x`` (shape ``(D,)``) and every cluster."""
         return self.log_predictive_from_params(x, self.predictive_params(stats))
 
+    def prior_predictive_params(self, dim: int, dtype=None):
+        """Predictive parameters of an empty cluster (the prior), leading axis of length 1."""
+        return self.predictive_params(self.empty_stats(1, dim, dtype))
+
     def prior_log_predictive(self, x: jax.Array) -> jax.Array:
         """``log p(x)`` under the prior (a new cluster)."""
-        stats = self.empty_stats(1, x.shape[-1], x.dtype)
-        return self.log_predictive(x, stats)[0]
+        return self.log_predictive_from_params(x, self.prior_predictive_params(x.shape[-1], x.dtype))[0]
 
     def validate_data(self, X: np.ndarray) -> None:
         """Raise ``ValueError`` if ``X`` cannot be modelled by this family."""

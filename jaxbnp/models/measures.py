@@ -322,12 +322,3 @@ class NGGP(Measure):
             counts > 0, jnp.log(jnp.maximum(counts - self.sigma, 1e-30)) + log_v_mk, -jnp.inf
         )
         return log_existing, log_v_new
-
-    def sample_u(self, key, counts):
-        """Draw ``u | Π`` exactly up to quadrature (inverse CDF on the ``log u`` grid)."""
-        counts = _float_counts(counts)
-        ts, logits = self._log_u_grid(lambda t: self.log_u_conditional(t, counts))
-        k1, k2 = jax.random.split(key)
-        i = jax.random.categorical(k1, logits)
-        jitter = (jax.random.uniform(k2) - 0.5) * (ts[1] - ts[0])
-        return jnp.exp(ts[i] + jitter)
