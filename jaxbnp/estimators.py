@@ -14,6 +14,7 @@ Example
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import jax
@@ -26,7 +27,11 @@ from .inference.clusters import ClusterState, CapacityError
 from .models.families import Family, NormalGamma
 from .models.measures import DP, Measure, PitmanYor
 
-__all__ = ["MAPDP", "select_alpha"]
+__all__ = ["MAPDP", "select_alpha", "SingleClusterWarning"]
+
+
+class SingleClusterWarning(UserWarning):
+    """MAP-DP without split moves ended with every point in one cluster."""
 
 
 class MAPDP:
@@ -45,9 +50,15 @@ class MAPDP:
     :param tol: stop when a sweep lowers the NLL by less than this.
     :param max_iter: maximum number of sweeps.
     :param random_state: seed for the restarts' orders.
-    :param capacity: cluster slots; ``None`` starts at ``min(n, 64)`` and
+    :param capacity: cluster slots; ``None`` starts at ``min(n, 32)`` and
         doubles (refitting) whenever it runs out.
     :param block_size: points per block in batched mode.
+    :param split_moves: after the sweeps converge, propose splitting every
+        cluster in two and keep splits that lower the NLL, then sweep again
+        (``jaxbnp.inference.mapdp``). The NLL still never increases. Off by
+        default so that ``mode="sequential"`` is the paper's algorithm
+        exactly; turn it on for large data, where starting from one cluster
+        MAP-DP usually stays in one cluster.
 
     Fitted attributes: ``labels_``, ``n_clusters_``, ``nll_`` (``−log p(X, Π)``),
     ``n_iter_``, ``nll_trace_``, ``family_``, ``measure_``, ``cluster_sizes_``.
@@ -65,6 +76,7 @@ class MAPDP:
         random_state: int | None = None,
         capacity: int | None = None,
         block_size: int = 4096,
+        split_moves: bool = False,
     ):
         self.alpha = alpha
         self.family = family
@@ -76,12 +88,13 @@ class MAPDP:
         self.random_state = random_state
         self.capacity = capacity
         self.block_size = block_size
+        self.split_moves = split_moves
 
     # scikit-learn protocol
     def get_params(self, deep: bool = True) -> dict:
         return {k: getattr(self, k) for k in (
             "alpha", "family", "measure", "n_restarts", "mode", "tol", "max_iter",
-            "random_state", "capacity", "block_size")}
+            "random_state", "capacity", "block_size", "split_moves")}
 
     def set_params(self, **params: Any) -> "MAPDP":
         for k, v in params.items():
@@ -115,13 +128,14 @@ class MAPDP:
         X = check_data(X, family=family)
         Xj = jnp.asarray(X, dtype=jnp.result_type(float))
         n = X.shape[0]
-        capacity = int(self.capacity) if self.capacity is not None else min(n, 64)
+        capacity = int(self.capacity) if self.capacity is not None else min(n, 32)
         key = jax.random.key(0 if self.random_state is None else int(self.random_state))
         while True:
             best, runs = mapdp_core.fit(
                 key, Xj, measure, family, capacity, mode=self.mode,
                 n_restarts=int(self.n_restarts), tol=float(self.tol),
                 max_iter=int(self.max_iter), block_size=int(self.block_size),
+                split_moves=bool(self.split_moves),
             )
             if not bool(jnp.any(runs.clusters.overflow)):
                 break
@@ -140,6 +154,14 @@ class MAPDP:
         self.n_iter_ = int(best.n_iter)
         trace = np.asarray(best.nll_trace)
         self.nll_trace_ = trace[: self.n_iter_ + 1]
+        if self.n_clusters_ == 1 and not self.split_moves and n > 1:
+            warnings.warn(
+                "MAP-DP kept all points in one cluster. Started from one cluster, its "
+                "point-by-point moves rarely split well-separated groups; if you expected "
+                "several clusters, pass split_moves=True (the NLL still never increases).",
+                SingleClusterWarning,
+                stacklevel=2,
+            )
         self.family_ = family
         self.measure_ = measure
         self.n_features_in_ = X.shape[1]
@@ -218,6 +240,13 @@ def select_alpha(
     Returns ``(best_alpha, scores)``, scores being NLL (lower is better) or
     held-out log density (higher is better) per alpha.
     """
+    with warnings.catch_warnings():
+        # one cluster is a legitimate answer for some alphas: compared, not warned about
+        warnings.simplefilter("ignore", SingleClusterWarning)
+        return _select_alpha(X, alphas, family, method, n_folds, random_state, **mapdp_kwargs)
+
+
+def _select_alpha(X, alphas, family, method, n_folds, random_state, **mapdp_kwargs):
     X = check_data(X)
     family = family if family is not None else NormalGamma.from_data(X)
     alphas = [float(a) for a in alphas]

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from scipy.special import gammaln
 from sklearn.datasets import load_breast_cancer, load_iris, load_wine
+from sklearn.metrics import adjusted_rand_score
 
 import jaxbnp as bnp
-from jaxbnp.estimators import MAPDP, select_alpha
+from jaxbnp.estimators import MAPDP, SingleClusterWarning, select_alpha
 from jaxbnp.inference import mapdp as mapdp_core
+from jaxbnp.inference.clusters import init_clusters
 from jaxbnp.inference.hyperparameters import family_type2_ml
 
 
@@ -131,14 +133,17 @@ def _uci(loader=load_breast_cancer):
     return X, data.target, family
 
 
-@pytest.mark.parametrize("mode", ["sequential", "batched"])
-@pytest.mark.parametrize("family_name", ["NormalGamma", "NormalWishart"])
-def test_nll_never_increases(mode, family_name):
+@pytest.mark.parametrize(
+    "mode, family_name, split_moves",
+    [("sequential", "NormalGamma", False), ("batched", "NormalGamma", False),
+     ("sequential", "NormalWishart", False), ("batched", "NormalWishart", True)],
+)
+def test_nll_never_increases(mode, family_name, split_moves):
     X, _, family = _uci(load_wine)
     if family_name == "NormalWishart":
         family = bnp.NormalWishart(np.zeros(X.shape[1]), 0.1, X.shape[1] + 2.0, 0.2 * np.eye(X.shape[1]))
     best, _ = mapdp_core.fit(jax.random.key(0), jnp.asarray(X), bnp.DP(1.0), family, capacity=64,
-                             mode=mode, block_size=16, n_restarts=1)
+                             mode=mode, block_size=16, n_restarts=1, split_moves=split_moves)
     trace = np.asarray(best.nll_trace)[: int(best.n_iter) + 1]
     assert int(best.n_iter) >= 2 and np.sum(np.asarray(best.clusters.counts) > 0) >= 2
     assert trace[-1] < trace[0]
@@ -205,7 +210,7 @@ def test_alpha_selection_and_type2_ml():
     assert alpha in (0.01, 1.0, 100.0) and scores.shape == (3,)
     alpha_h, held = select_alpha(X, [0.1, 1.0], method="heldout", n_folds=3)
     assert np.all(np.isfinite(held))
-    est = MAPDP().fit(X)
+    est = MAPDP(split_moves=True).fit(X)
     family, hist = family_type2_ml(X, est.labels_, est.family_, steps=200)
     assert hist[-1] > hist[0]  # marginal likelihood went up
     stats = family.stats_from_labels(jnp.asarray(X), jnp.asarray(est.labels_), est.n_clusters_)
@@ -227,7 +232,7 @@ def test_bad_input_and_options():
         MAPDP(measure=bnp.NGGP(1.0, 0.5)).fit(X)
     with pytest.raises(ValueError, match="not fitted"):
         MAPDP().predict(X)
-    est = MAPDP().fit(X)
+    est = MAPDP(split_moves=True).fit(X)
     with pytest.raises(ValueError, match="features"):
         est.predict(X[:, :2])
 
@@ -240,3 +245,52 @@ def test_capacity_grows_instead_of_truncating():
     assert small.n_clusters_ == reference.n_clusters_
     assert small.cluster_sizes_.sum() == X.shape[0]
     np.testing.assert_allclose(small.nll_, reference.nll_, rtol=1e-12)
+
+
+def _separated_groups(n_per=150, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = np.array([[0, 0, 0], [8, 0, 0], [0, 8, 0], [0, 0, 8]], float)
+    y = np.repeat(np.arange(4), n_per)
+    return centres[y] + rng.normal(size=(4 * n_per, 3)), y
+
+
+def test_split_moves_escape_the_one_cluster_start():
+    """The paper's start keeps four separated groups together; split moves find them."""
+    X, y = _separated_groups()
+    with pytest.warns(SingleClusterWarning, match="split_moves=True"):
+        plain = MAPDP().fit(X)
+    assert plain.n_clusters_ == 1
+    # capacity 2 also checks that a full capacity grows (2 -> 4) instead of dropping splits
+    est = MAPDP(split_moves=True, mode="batched", block_size=64, capacity=2).fit(X)
+    assert est.n_clusters_ == 4 and est.cluster_sizes_.sum() == X.shape[0]
+    assert adjusted_rand_score(y, est.labels_) == 1.0
+    assert est.nll_ < plain.nll_
+    assert np.all(np.diff(est.nll_trace_) <= 1e-9 * np.abs(est.nll_trace_[:-1]))
+    expected = -float(bnp.log_joint(X, jnp.asarray(est.labels_), bnp.DP(1.0), est.family_))
+    np.testing.assert_allclose(est.nll_, expected, rtol=1e-9)
+
+
+@pytest.mark.parametrize("measure", [bnp.DP(1.0), bnp.PitmanYor(1.0, 0.5)], ids=["DP", "PY"])
+def test_split_round_exact_and_monotone(measure):
+    """Any split round returns a partition whose exact NLL is no higher, for DP and PY."""
+    X, _ = _separated_groups(40)
+    X = jnp.asarray(X)
+    family = bnp.NormalGamma.from_data(X)
+    rng = np.random.default_rng(1)
+    split_round = jax.jit(mapdp_core.split_round)
+    for trial in range(4):
+        labels = jnp.asarray(rng.integers(0, 3, X.shape[0]), jnp.int32)
+        st = init_clusters(family, X, labels, capacity=8)
+        new = split_round(jax.random.key(trial), st, X, measure, family, X.std(0))
+        before = -float(bnp.log_joint(X, labels, measure, family))
+        after = -float(bnp.log_joint(X, new.labels, measure, family))
+        assert after <= before + 1e-9
+        np.testing.assert_allclose(float(mapdp_core.negative_log_joint(new, measure, family)), after,
+                                   rtol=1e-10)
+        assert after < before  # random partitions of separated groups: some split must help
+    # no free slot: nothing is split and the overflow flag asks for more capacity
+    full = init_clusters(family, X, labels, capacity=3)
+    new = split_round(jax.random.key(0), full, X, measure, family, X.std(0))
+    assert bool(new.overflow)
+    np.testing.assert_array_equal(np.asarray(new.labels), np.asarray(labels))
+

@@ -346,8 +346,8 @@ class CollapsedGibbs(MCMCKernel):
         spec = self._spec
         measure, family, X, u, priors = self._read(state.z, model_args, model_kwargs)
         key, k_step, k_alpha, k_sigma = jax.random.split(state.rng_key, 4)
-        # sweep, then (NGGP) u: the pure core step
-        core = gibbs_core.step(k_step, gibbs_core.GibbsState(state.clusters, u), X, measure, family)
+        # partition moves, then (NGGP) u: the pure core step
+        core = self._core_step(k_step, gibbs_core.GibbsState(state.clusters, u), X, measure, family)
         clusters, u = core.clusters, core.u
         if clusters.capacity < spec.num_points:
             raise_if_overflow(clusters)
@@ -377,6 +377,16 @@ class CollapsedGibbs(MCMCKernel):
         z[spec.partition_site] = canonical_labels(clusters.labels, clusters.capacity)
         lj = cluster_log_joint(clusters, measure, family, u)
         return CollapsedGibbsState(z, clusters, lj, k, key)
+
+    def _core_step(
+        self, key: jax.Array, state: gibbs_core.GibbsState, X: jax.Array, measure, family
+    ) -> gibbs_core.GibbsState:
+        """The partition (and ``u``) update of one MCMC iteration: a pure JAX function.
+
+        Subclasses (split-merge, tree-guided MCMC) override this; reading the
+        model, hyperparameter updates and the NumPyro protocol are shared.
+        """
+        return gibbs_core.step(key, state, X, measure, family)
 
     def sample(self, state, model_args, model_kwargs):
         return self._sample_fn(state, model_args, model_kwargs)

@@ -32,6 +32,20 @@ every NormalGamma prior tried, the true one included. Informative priors on
 the cluster variances or larger ``α`` help; the UCI reproduction
 (``benchmarks/``) reports what the paper's empirical rule gives.
 
+Split moves (``split_moves=True``, off by default)
+    When the sweeps have converged, every cluster proposes a split in two:
+    two seeds drawn k-means++ style among its members (a random member, then
+    one drawn with probability proportional to the squared standardised
+    distance), ten Lloyd iterations in standardised coordinates, all clusters
+    at once. The exact change of ``log p(X, Π)`` of each split is computed
+    (marginal likelihoods of the halves and the EPPF). The round keeps the
+    best of three candidates, by exact NLL: every split that lowers the NLL,
+    the single best split, or no split. Sweeps then start again; the run
+    stops when a round keeps no split. Every step is a move to a partition
+    with lower NLL, so the NLL still never increases, and MAP-DP escapes the
+    one-cluster start. With ``split_moves=False`` a run is the paper's
+    algorithm exactly.
+
 Restarts: ``n_restarts`` random point orders; sequential restarts are
 ``jax.vmap``-ed over PRNG keys, batched restarts run one after another
 (``lax.map``) so that the fallback branch is only computed when taken. The
@@ -65,8 +79,8 @@ class MAPDPResult(NamedTuple):
 
     clusters: final ``ClusterState`` (``overflow`` set if capacity ran out).
     nll: final ``−log p(X, Π)``.
-    n_iter: number of sweeps run.
-    nll_trace: ``(max_iter + 1,)`` NLL after each sweep (index 0 = initial), NaN after the end.
+    n_iter: number of sweeps run (split rounds count as iterations too).
+    nll_trace: ``(max_iter + 1,)`` NLL after each iteration (index 0 = initial), NaN after the end.
     """
 
     clusters: ClusterState
@@ -153,8 +167,122 @@ def batched_sweep(
     return lax.fori_loop(0, num_blocks, block, clusters)
 
 
+LLOYD_SAMPLE = 16384  # points used by the split proposals' Lloyd iterations
+
+
+def _seg_argmax(values: jax.Array, labels: jax.Array, capacity: int) -> jax.Array:
+    """Index of the member with the largest ``values`` in each slot (0 for empty slots)."""
+    n = values.shape[0]
+    best = jax.ops.segment_max(values, labels, num_segments=capacity)
+    cand = jnp.where(values == best[labels], jnp.arange(n), -1)
+    return jnp.maximum(jax.ops.segment_max(cand, labels, num_segments=capacity), 0)
+
+
+def _propose_split(key, clusters, Xs, X, measure, family, lloyd_iters):
+    """One two-way split proposal per slot: ``(side (n,), gain (capacity,))``.
+
+    ``gain[c]`` is the exact increase of ``log p(X, Π)`` if slot ``c`` alone is
+    split into its points with ``side == 0`` and ``side == 1`` (−inf if a half
+    is empty).
+    """
+    n = X.shape[0]
+    labels, counts = clusters.labels, clusters.counts
+    capacity = counts.shape[0]
+    k1, k2, k3 = jax.random.split(key, 3)
+    a = _seg_argmax(jax.random.gumbel(k1, (n,), X.dtype), labels, capacity)
+    dist_a = jnp.sum((Xs - Xs[a[labels]]) ** 2, axis=1)
+    log_dist = jnp.where(dist_a > 0, jnp.log(jnp.where(dist_a > 0, dist_a, 1.0)), -jnp.inf)
+    b = _seg_argmax(log_dist + jax.random.gumbel(k2, (n,), X.dtype), labels, capacity)
+
+    def sides(mu, Y, lab):
+        d0 = jnp.sum((Y - mu[lab, 0]) ** 2, axis=1)
+        d1 = jnp.sum((Y - mu[lab, 1]) ** 2, axis=1)
+        return (d1 < d0).astype(labels.dtype)
+
+    # Lloyd iterations on a random subsample of at most LLOYD_SAMPLE points
+    m = min(n, LLOYD_SAMPLE)
+    idx = jax.random.choice(k3, n, (m,), replace=False) if m < n else jnp.arange(n)
+    Ysub, lab_sub = Xs[idx], labels[idx]
+
+    def lloyd(_, mu):
+        sub = lab_sub * 2 + sides(mu, Ysub, lab_sub)
+        tot = jax.ops.segment_sum(Ysub, sub, num_segments=2 * capacity)
+        cnt = jax.ops.segment_sum(jnp.ones(m, X.dtype), sub, num_segments=2 * capacity)
+        new = (tot / jnp.maximum(cnt, 1.0)[:, None]).reshape(capacity, 2, -1)
+        return jnp.where(cnt.reshape(capacity, 2, 1) > 0, new, mu)
+
+    mu = lax.fori_loop(0, lloyd_iters, lloyd, jnp.stack([Xs[a], Xs[b]], axis=1))
+    side = sides(mu, Xs, labels)
+    sub = labels * 2 + side
+    sub_counts = jax.ops.segment_sum(jnp.ones_like(labels), sub, num_segments=2 * capacity)
+    sub_counts = sub_counts.reshape(capacity, 2).astype(counts.dtype)
+    sub_lm = family.log_marginal(family.stats_from_labels(X, sub, 2 * capacity))
+    delta_lik = sub_lm.reshape(capacity, 2).sum(1) - family.log_marginal(clusters.stats)
+    ext = jnp.concatenate([counts, jnp.zeros(1, counts.dtype)])
+    base = measure.log_eppf(ext)
+    delta_prior = jax.vmap(
+        lambda c, n0, n1: measure.log_eppf(ext.at[c].set(n0).at[capacity].set(n1)) - base
+    )(jnp.arange(capacity), sub_counts[:, 0], sub_counts[:, 1])
+    valid = (sub_counts[:, 0] > 0) & (sub_counts[:, 1] > 0)
+    return side, jnp.where(valid, delta_lik + delta_prior, -jnp.inf)
+
+
+def split_round(
+    key: jax.Array, clusters: ClusterState, X: jax.Array, measure: Measure, family,
+    scale: jax.Array, num_proposals: int = 4, lloyd_iters: int = 10,
+) -> ClusterState:
+    """One round of split moves (module docstring); never increases the NLL.
+
+    ``clusters.stats`` must match the labels. ``scale`` is a per-dimension
+    scale for the proposal's distances (the data's standard deviation). Each
+    cluster gets ``num_proposals`` candidate splits and keeps its best. When
+    there are fewer free slots than good splits, the best splits are made and
+    the others are proposed again in a later round; with no free slot at all,
+    ``overflow`` is set.
+    """
+    labels, counts = clusters.labels, clusters.counts
+    capacity = counts.shape[0]
+    n = X.shape[0]
+    sides, gains = jax.vmap(
+        lambda k: _propose_split(k, clusters, X / scale, X, measure, family, lloyd_iters)
+    )(jax.random.split(key, num_proposals))
+    best = jnp.argmax(gains, axis=0)
+    gain = jnp.max(gains, axis=0)
+    side = sides[best[labels], jnp.arange(n)]
+
+    free = counts == 0
+    free_slots = jnp.argsort(~free, stable=True)  # free slots first, in order
+    num_free = jnp.sum(free)
+    # the best splits take the free slots; the others wait for a later round
+    gain_rank = jnp.argsort(jnp.argsort(-gain, stable=True), stable=True)
+
+    def propose(accept):
+        fits = accept & (gain_rank < num_free)
+        target = free_slots[jnp.clip(jnp.cumsum(fits) - 1, 0, capacity - 1)]
+        new_labels = jnp.where(fits[labels] & (side == 1), target[labels], labels)
+        new_labels = new_labels.astype(labels.dtype)
+        new_counts = jax.ops.segment_sum(jnp.ones_like(labels), new_labels, num_segments=capacity)
+        st = ClusterState(new_labels, new_counts.astype(counts.dtype),
+                          family.stats_from_labels(X, new_labels, capacity),
+                          clusters.overflow | (jnp.any(accept) & (num_free == 0)))
+        return st, negative_log_joint(st, measure, family)
+
+    all_st, all_nll = propose(gain > 0)
+    one_st, one_nll = propose((jnp.arange(capacity) == jnp.argmax(gain)) & (gain > 0))
+    nll0 = negative_log_joint(clusters, measure, family)
+    # no free slot for a split that would lower the NLL: keep the state but
+    # flag it, so that the caller grows the capacity and refits
+    full = all_st.overflow & ~clusters.overflow
+    pick_all = all_nll < jnp.minimum(one_nll, nll0)
+    pick_one = ~pick_all & (one_nll < nll0)
+    out = jax.tree.map(
+        lambda x, y, z: jnp.where(pick_all, x, jnp.where(pick_one, y, z)), all_st, one_st, clusters
+    )
+    return out._replace(overflow=out.overflow | full)
+
+
 def _one_run(
-    X, measure, family, capacity, order, mode, block_size, tol, max_iter
+    key, X, measure, family, capacity, order, mode, block_size, tol, max_iter, split_moves
 ) -> MAPDPResult:
     n = X.shape[0]
     labels = jnp.zeros(n, jnp.int32)
@@ -163,6 +291,7 @@ def _one_run(
     state = ClusterState(labels, counts, stats, jnp.array(False))
     nll0 = negative_log_joint(state, measure, family)
     trace0 = jnp.full((max_iter + 1,), jnp.nan, X.dtype).at[0].set(nll0)
+    scale = jnp.where(jnp.std(X, axis=0) > 0, jnp.std(X, axis=0), 1.0)
 
     def sweep(st):
         if mode == "sequential":
@@ -170,25 +299,38 @@ def _one_run(
         return batched_sweep(st, X, measure, family, block_size, order=order)
 
     def cond(carry):
-        _, nll, prev, it, changed, _ = carry
-        return (it < max_iter) & ((it == 0) | ((prev - nll >= tol) & changed))
+        return (carry[3] < max_iter) & ~carry[5]
 
     def body(carry):
-        st, nll, _, it, _, trace = carry
-        new = sweep(st)
+        st, nll, _, it, split_next, _, trace = carry
+        if split_moves:
+            new = lax.cond(
+                split_next,
+                lambda s: split_round(jax.random.fold_in(key, it), s, X, measure, family, scale),
+                sweep,
+                st,
+            )
+        else:
+            new = sweep(st)
         # statistics rebuilt from the labels: the NLL is exact, not a sum of updates
         new = new._replace(stats=family.stats_from_labels(X, new.labels, capacity))
         new_nll = negative_log_joint(new, measure, family)
         changed = jnp.any(new.labels != st.labels)
-        return new, new_nll, nll, it + 1, changed, trace.at[it + 1].set(new_nll)
+        converged = (nll - new_nll < tol) | ~changed
+        # after a split round: stop if nothing was split, else sweep again
+        done = jnp.where(split_next, ~changed, converged & (not split_moves))
+        split_next = ~split_next & converged & split_moves
+        return new, new_nll, nll, it + 1, split_next, done, trace.at[it + 1].set(new_nll)
 
-    init = (state, nll0, jnp.asarray(jnp.inf, X.dtype), jnp.int32(0), jnp.array(True), trace0)
-    st, nll, _, it, _, trace = lax.while_loop(cond, body, init)
+    init = (state, nll0, jnp.asarray(jnp.inf, X.dtype), jnp.int32(0), jnp.array(False),
+            jnp.array(False), trace0)
+    st, nll, _, it, _, _, trace = lax.while_loop(cond, body, init)
     return MAPDPResult(st, nll, it, trace)
 
 
 @functools.partial(
-    jax.jit, static_argnames=("capacity", "mode", "n_restarts", "max_iter", "block_size", "shuffle")
+    jax.jit, static_argnames=("capacity", "mode", "n_restarts", "max_iter", "block_size", "shuffle",
+                     "split_moves")
 )
 def fit(
     key: jax.Array,
@@ -202,6 +344,7 @@ def fit(
     max_iter: int = 1000,
     block_size: int = 4096,
     shuffle: bool | None = None,
+    split_moves: bool = False,
 ) -> tuple[MAPDPResult, MAPDPResult]:
     """Run MAP-DP ``n_restarts`` times; return ``(best, all_runs)``.
 
@@ -216,10 +359,10 @@ def fit(
     orders = jax.vmap(lambda k: jax.random.permutation(k, n))(keys)
     if not shuffle:
         orders = orders.at[0].set(jnp.arange(n))
-    run = lambda order: _one_run(  # noqa: E731
-        X, measure, family, capacity, order, mode, block_size, tol, max_iter
+    run = lambda ko: _one_run(  # noqa: E731
+        ko[0], X, measure, family, capacity, ko[1], mode, block_size, tol, max_iter, split_moves
     )
-    runs = jax.vmap(run)(orders) if mode == "sequential" else lax.map(run, orders)
+    runs = jax.vmap(run)((keys, orders)) if mode == "sequential" else lax.map(run, (keys, orders))
     best = jnp.argmin(jnp.where(runs.clusters.overflow, jnp.inf, runs.nll))
     return tree_index(runs, best), runs
 
