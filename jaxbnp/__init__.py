@@ -6,7 +6,7 @@ in float64.
 """
 
 from . import datasets
-from .inference import CapacityError, ClusterState, CollapsedGibbs, collapsed_gibbs_fn
+from .inference import CapacityError, ClusterState, CollapsedGibbs, SplitMerge, collapsed_gibbs_fn
 from .models import (
     DP,
     NGGP,
@@ -28,5 +28,5 @@ __all__ = [
     "DP", "NGGP", "PitmanYor",
     "NormalGamma", "NormalWishart", "DirichletMultinomial", "BetaBernoulli",
     "Partition", "ConjugateMixture", "AuxiliaryU", "log_joint",
-    "CollapsedGibbs", "collapsed_gibbs_fn", "ClusterState", "CapacityError",
+    "CollapsedGibbs", "SplitMerge", "collapsed_gibbs_fn", "ClusterState", "CapacityError",
 ]

@@ -17,7 +17,7 @@ import numpy as np
 
 __all__ = ["main"]
 
-METHODS = ("gibbs", "mapdp")
+METHODS = ("gibbs", "splitmerge", "mapdp")
 
 
 def _load(path: str | None, labels_path: str | None):
@@ -64,7 +64,7 @@ def _run_gibbs(X, family, alpha, args):
     from numpyro.infer import MCMC
 
     from . import models
-    from .inference import CollapsedGibbs
+    from .inference import CollapsedGibbs, SplitMerge
 
     def model(X):
         z = numpyro.sample("z", models.Partition(models.DP(alpha), X.shape[0]))
@@ -72,8 +72,12 @@ def _run_gibbs(X, family, alpha, args):
 
     capacity = args.capacity
     while True:
+        if args.method == "splitmerge":  # the tgMCMC paper's SM baseline: moves + a Gibbs sweep
+            kernel = SplitMerge(model, num_split_merge=args.split_merge_moves, capacity=capacity)
+        else:
+            kernel = CollapsedGibbs(model, capacity=capacity)
         mcmc = MCMC(
-            CollapsedGibbs(model, capacity=capacity),
+            kernel,
             num_warmup=args.warmup,
             num_samples=args.samples,
             num_chains=args.chains,
@@ -110,7 +114,8 @@ def _cluster(args) -> int:
         from .estimators import MAPDP
 
         est = MAPDP(alpha=args.alpha, family=family, n_restarts=args.chains,
-                    mode=args.mapdp_mode, random_state=args.seed).fit(X)
+                    mode=args.mapdp_mode, random_state=args.seed,
+                    split_moves=not args.no_split_moves).fit(X)
         best = est.labels_
         log_joint = -est.nll_trace_[None, :]
         num_clusters = np.array([[est.n_clusters_]])
@@ -163,7 +168,7 @@ def _cluster(args) -> int:
         ax.figure.savefig(out / "clusters.png", dpi=120, bbox_inches="tight")
         plt.close(ax.figure)
         plots = ["clusters.png"]
-        if args.method == "gibbs":
+        if args.method != "mapdp":
             axes = plot_trace(log_joint, num_clusters)
             axes[0].figure.savefig(out / "trace.png", dpi=120, bbox_inches="tight")
             plt.close(axes[0].figure)
@@ -172,12 +177,15 @@ def _cluster(args) -> int:
         print(f"jaxbnp: no plots ({exc})", file=sys.stderr)
 
     print(f"data      {source}")
-    if args.method == "gibbs":
-        print(f"method    gibbs: {args.chains} chain(s), {args.warmup} warm-up + {args.samples} draws, "
-              f"DP(alpha={args.alpha}), {args.family}")
+    if args.method != "mapdp":
+        moves = f" ({args.split_merge_moves} split-merge moves + 1 Gibbs sweep per iteration)" \
+            if args.method == "splitmerge" else ""
+        print(f"method    {args.method}{moves}: {args.chains} chain(s), {args.warmup} warm-up + "
+              f"{args.samples} draws, DP(alpha={args.alpha}), {args.family}")
     else:
-        print(f"method    mapdp ({args.mapdp_mode}): {args.chains} restart(s), DP(alpha={args.alpha}), "
-              f"{args.family}, {est.n_iter_} sweeps")
+        splits = "without" if args.no_split_moves else "with"
+        print(f"method    mapdp ({args.mapdp_mode}, {splits} split moves): {args.chains} restart(s), "
+              f"DP(alpha={args.alpha}), {args.family}, {est.n_iter_} iterations")
     print(f"clusters  {summary['clusters_best_draw']} in the best draw; posterior mean "
           f"{summary['clusters_posterior_mean']:.2f}, range {summary['clusters_posterior_range']}")
     print(f"log joint {summary['log_joint_best']:.2f} (best draw)")
@@ -202,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("data", nargs="?", help="data file (.csv/.txt/.npy); omitted = embedded toy_ring")
     c.add_argument("--labels", help="file of known labels, one per line, to report NMI/ARI")
     c.add_argument("--method", choices=METHODS, default="gibbs",
-                   help="gibbs: collapsed Gibbs posterior draws; mapdp: MAP-DP point estimate (default gibbs)")
+                   help="gibbs: collapsed Gibbs posterior draws; splitmerge: Jain-Neal split-merge "
+                   "moves + Gibbs sweeps; mapdp: MAP-DP point estimate (default gibbs)")
     c.add_argument("--family", default="normal-wishart",
                    choices=["normal-wishart", "normal-gamma", "beta-bernoulli", "dirichlet-multinomial"],
                    help="likelihood; priors from the data (tgMCMC settings for normal-wishart)")
@@ -211,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vectorised chains for gibbs, random-order restarts for mapdp (default 4)")
     c.add_argument("--mapdp-mode", choices=["sequential", "batched"], default="sequential",
                    help="MAP-DP mode (default sequential, the paper's algorithm)")
+    c.add_argument("--no-split-moves", action="store_true",
+                   help="MAP-DP without split moves: the paper's algorithm exactly (often one cluster)")
+    c.add_argument("--split-merge-moves", type=int, default=10,
+                   help="split-merge moves per iteration for --method splitmerge (default 10)")
     c.add_argument("--warmup", type=int, default=100, help="warm-up sweeps per chain (default 100)")
     c.add_argument("--samples", type=int, default=200, help="kept sweeps per chain (default 200)")
     c.add_argument("--capacity", type=int, default=64,
@@ -224,9 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "cluster":
-        for name in ("chains", "warmup", "samples", "capacity"):
+        for name in ("chains", "warmup", "samples", "capacity", "split_merge_moves"):
             if getattr(args, name) < (0 if name == "warmup" else 1):
-                raise SystemExit(f"jaxbnp: --{name} must be positive.")
+                raise SystemExit(f"jaxbnp: --{name.replace('_', '-')} must be positive.")
         if not args.alpha > 0:
             raise SystemExit("jaxbnp: --alpha must be > 0.")
         return _cluster(args)

@@ -44,3 +44,15 @@ def test_cluster_csv_file_and_bad_file(tmp_path):
     np.savetxt(tmp_path / "bad.csv", X, delimiter=",")
     r = _run_cli("cluster", "bad.csv", "--out", "o2", cwd=tmp_path)
     assert r.returncode != 0 and "NaN or inf" in r.stderr
+
+
+def test_cluster_splitmerge_and_mapdp(tmp_path):
+    rng = np.random.default_rng(1)
+    X = np.r_[rng.normal(-4, 1, (30, 2)), rng.normal(4, 1, (30, 2))]
+    np.savetxt(tmp_path / "x.csv", X, delimiter=",")
+    for method, extra in (("splitmerge", ["--split-merge-moves", "3"]), ("mapdp", ["--mapdp-mode", "batched"])):
+        r = _run_cli("cluster", "x.csv", "--method", method, *extra, "--chains", "1", "--warmup", "5",
+                     "--samples", "10", "--out", method, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert method in r.stdout
+        assert json.loads((tmp_path / method / "summary.json").read_text())["clusters_best_draw"] == 2

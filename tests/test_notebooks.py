@@ -39,4 +39,10 @@ def _check_quickstart(ns):
     assert 5 <= len(set(ns["best"].tolist())) <= 20
 
 
-CHECKS = {"quickstart.ipynb": _check_quickstart}
+def _check_mapdp(ns):
+    # MAP-DP merges neighbouring ring clusters (its NLL is below the truth's): 5 clusters, NMI 0.75
+    assert ns["est"].n_clusters_ >= 4 and ns["nmi"] > 0.6
+    assert ns["alpha_nll"] in ns["alphas"] and len(ns["held"]) == len(ns["alphas"])
+
+
+CHECKS = {"quickstart.ipynb": _check_quickstart, "mapdp.ipynb": _check_mapdp}

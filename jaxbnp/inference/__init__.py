@@ -2,5 +2,9 @@
 
 from .clusters import CapacityError, ClusterState
 from .kernels import CollapsedGibbs, CollapsedGibbsState, collapsed_gibbs_fn
+from .split_merge import SplitMerge
 
-__all__ = ["CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn"]
+__all__ = [
+    "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn",
+    "SplitMerge",
+]

@@ -33,12 +33,15 @@ the cluster variances or larger ``α`` help; the UCI reproduction
 (``benchmarks/``) reports what the paper's empirical rule gives.
 
 Split moves (``split_moves=True``, off by default)
-    When the sweeps have converged, every cluster proposes a split in two:
-    two seeds drawn k-means++ style among its members (a random member, then
-    one drawn with probability proportional to the squared standardised
-    distance), ten Lloyd iterations in standardised coordinates, all clusters
-    at once. The exact change of ``log p(X, Π)`` of each split is computed
-    (marginal likelihoods of the halves and the EPPF). The round keeps the
+    When the sweeps have converged, every cluster proposes splits in two:
+    its members are grouped by k-means (four proposals of 4 seeds drawn
+    k-means++ style, ten Lloyd iterations on standardised coordinates, all
+    clusters at once), and each group against the rest of the cluster is a
+    candidate: a compact group can be peeled off a large cluster, which a
+    2-means split of, e.g., a ring of clusters cannot do.
+    The exact change of ``log p(X, Π)`` of each candidate is computed
+    (marginal likelihoods of the halves and the EPPF) and each cluster keeps
+    its best candidate. The round keeps the
     best of three candidates, by exact NLL: every split that lowers the NLL,
     the single best split, or no split. Sweeps then start again; the run
     stops when a round keeps no split. Every step is a move to a partition
@@ -178,9 +181,13 @@ def _seg_argmax(values: jax.Array, labels: jax.Array, capacity: int) -> jax.Arra
     return jnp.maximum(jax.ops.segment_max(cand, labels, num_segments=capacity), 0)
 
 
-def _propose_split(key, clusters, Xs, X, measure, family, lloyd_iters):
+def _propose_split(key, clusters, Xs, X, measure, family, num_seeds, lloyd_iters):
     """One two-way split proposal per slot: ``(side (n,), gain (capacity,))``.
 
+    Every slot's members are clustered into ``num_seeds`` groups (k-means++
+    seeds, Lloyd iterations in standardised coordinates, all slots at once).
+    The candidate splits are "group ``j`` against the rest of the slot" for
+    each ``j`` (with two seeds: the 2-means split); each slot keeps its best.
     ``gain[c]`` is the exact increase of ``log p(X, Π)`` if slot ``c`` alone is
     split into its points with ``side == 0`` and ``side == 1`` (−inf if a half
     is empty).
@@ -188,54 +195,70 @@ def _propose_split(key, clusters, Xs, X, measure, family, lloyd_iters):
     n = X.shape[0]
     labels, counts = clusters.labels, clusters.counts
     capacity = counts.shape[0]
-    k1, k2, k3 = jax.random.split(key, 3)
-    a = _seg_argmax(jax.random.gumbel(k1, (n,), X.dtype), labels, capacity)
-    dist_a = jnp.sum((Xs - Xs[a[labels]]) ** 2, axis=1)
-    log_dist = jnp.where(dist_a > 0, jnp.log(jnp.where(dist_a > 0, dist_a, 1.0)), -jnp.inf)
-    b = _seg_argmax(log_dist + jax.random.gumbel(k2, (n,), X.dtype), labels, capacity)
+    keys = jax.random.split(key, num_seeds + 1)
+    # k-means++ seeding inside every slot: a random member, then members drawn
+    # with probability proportional to the squared distance to the nearest seed
+    seeds = [_seg_argmax(jax.random.gumbel(keys[0], (n,), X.dtype), labels, capacity)]
+    nearest = jnp.full((n,), jnp.inf, X.dtype)
+    for j in range(1, num_seeds):
+        nearest = jnp.minimum(nearest, jnp.sum((Xs - Xs[seeds[-1][labels]]) ** 2, axis=1))
+        log_d = jnp.where(nearest > 0, jnp.log(jnp.where(nearest > 0, nearest, 1.0)), -jnp.inf)
+        seeds.append(_seg_argmax(log_d + jax.random.gumbel(keys[j], (n,), X.dtype), labels, capacity))
 
-    def sides(mu, Y, lab):
-        d0 = jnp.sum((Y - mu[lab, 0]) ** 2, axis=1)
-        d1 = jnp.sum((Y - mu[lab, 1]) ** 2, axis=1)
-        return (d1 < d0).astype(labels.dtype)
+    def assign(mu, Y, lab):
+        d2 = jnp.sum((Y[:, None, :] - mu[lab]) ** 2, axis=-1)  # (points, num_seeds)
+        return jnp.argmin(d2, axis=1).astype(labels.dtype)
 
     # Lloyd iterations on a random subsample of at most LLOYD_SAMPLE points
     m = min(n, LLOYD_SAMPLE)
-    idx = jax.random.choice(k3, n, (m,), replace=False) if m < n else jnp.arange(n)
+    idx = jax.random.choice(keys[-1], n, (m,), replace=False) if m < n else jnp.arange(n)
     Ysub, lab_sub = Xs[idx], labels[idx]
+    segs = num_seeds * capacity
 
     def lloyd(_, mu):
-        sub = lab_sub * 2 + sides(mu, Ysub, lab_sub)
-        tot = jax.ops.segment_sum(Ysub, sub, num_segments=2 * capacity)
-        cnt = jax.ops.segment_sum(jnp.ones(m, X.dtype), sub, num_segments=2 * capacity)
-        new = (tot / jnp.maximum(cnt, 1.0)[:, None]).reshape(capacity, 2, -1)
-        return jnp.where(cnt.reshape(capacity, 2, 1) > 0, new, mu)
+        sub = lab_sub * num_seeds + assign(mu, Ysub, lab_sub)
+        tot = jax.ops.segment_sum(Ysub, sub, num_segments=segs)
+        cnt = jax.ops.segment_sum(jnp.ones(m, X.dtype), sub, num_segments=segs)
+        new = (tot / jnp.maximum(cnt, 1.0)[:, None]).reshape(capacity, num_seeds, -1)
+        return jnp.where(cnt.reshape(capacity, num_seeds, 1) > 0, new, mu)
 
-    mu = lax.fori_loop(0, lloyd_iters, lloyd, jnp.stack([Xs[a], Xs[b]], axis=1))
-    side = sides(mu, Xs, labels)
-    sub = labels * 2 + side
-    sub_counts = jax.ops.segment_sum(jnp.ones_like(labels), sub, num_segments=2 * capacity)
-    sub_counts = sub_counts.reshape(capacity, 2).astype(counts.dtype)
-    sub_lm = family.log_marginal(family.stats_from_labels(X, sub, 2 * capacity))
-    delta_lik = sub_lm.reshape(capacity, 2).sum(1) - family.log_marginal(clusters.stats)
+    mu = lax.fori_loop(0, lloyd_iters, lloyd, jnp.stack([Xs[a] for a in seeds], axis=1))
+    group = assign(mu, Xs, labels)
+    base_lm = family.log_marginal(clusters.stats)
     ext = jnp.concatenate([counts, jnp.zeros(1, counts.dtype)])
     base = measure.log_eppf(ext)
-    delta_prior = jax.vmap(
-        lambda c, n0, n1: measure.log_eppf(ext.at[c].set(n0).at[capacity].set(n1)) - base
-    )(jnp.arange(capacity), sub_counts[:, 0], sub_counts[:, 1])
-    valid = (sub_counts[:, 0] > 0) & (sub_counts[:, 1] > 0)
-    return side, jnp.where(valid, delta_lik + delta_prior, -jnp.inf)
+
+    def candidate(j):
+        side = (group == j).astype(labels.dtype)
+        sub = labels * 2 + side
+        sub_counts = jax.ops.segment_sum(jnp.ones_like(labels), sub, num_segments=2 * capacity)
+        sub_counts = sub_counts.reshape(capacity, 2).astype(counts.dtype)
+        sub_lm = family.log_marginal(family.stats_from_labels(X, sub, 2 * capacity))
+        delta_lik = sub_lm.reshape(capacity, 2).sum(1) - base_lm
+        delta_prior = jax.vmap(
+            lambda c, n0, n1: measure.log_eppf(ext.at[c].set(n0).at[capacity].set(n1)) - base
+        )(jnp.arange(capacity), sub_counts[:, 0], sub_counts[:, 1])
+        valid = (sub_counts[:, 0] > 0) & (sub_counts[:, 1] > 0)
+        return jnp.where(valid, delta_lik + delta_prior, -jnp.inf)
+
+    # with two seeds "group 1 vs rest" is the same split as "group 0 vs rest"
+    gains = jax.vmap(candidate)(jnp.arange(1 if num_seeds == 2 else num_seeds))
+    best = jnp.argmax(gains, axis=0)  # (capacity,)
+    side = (group == best[labels]).astype(labels.dtype)
+    return side, jnp.max(gains, axis=0)
 
 
 def split_round(
     key: jax.Array, clusters: ClusterState, X: jax.Array, measure: Measure, family,
-    scale: jax.Array, num_proposals: int = 4, lloyd_iters: int = 10,
+    scale: jax.Array, seeds: tuple[int, ...] = (4, 4, 4, 4), lloyd_iters: int = 10,
 ) -> ClusterState:
     """One round of split moves (module docstring); never increases the NLL.
 
     ``clusters.stats`` must match the labels. ``scale`` is a per-dimension
     scale for the proposal's distances (the data's standard deviation). Each
-    cluster gets ``num_proposals`` candidate splits and keeps its best. When
+    cluster gets one proposal per entry of ``seeds`` (``_propose_split`` with
+    that many k-means seeds: 2 gives the 2-means split, more seeds let a
+    compact group be peeled off a large cluster) and keeps its best. When
     there are fewer free slots than good splits, the best splits are made and
     the others are proposed again in a later round; with no free slot at all,
     ``overflow`` is set.
@@ -243,9 +266,17 @@ def split_round(
     labels, counts = clusters.labels, clusters.counts
     capacity = counts.shape[0]
     n = X.shape[0]
-    sides, gains = jax.vmap(
-        lambda k: _propose_split(k, clusters, X / scale, X, measure, family, lloyd_iters)
-    )(jax.random.split(key, num_proposals))
+    Xs = X / scale
+    keys = jax.random.split(key, len(seeds))
+    sides, gains = [], []
+    for m in sorted(set(seeds)):  # proposals with the same number of seeds are vmapped
+        ks = keys[jnp.asarray([i for i, v in enumerate(seeds) if v == m])]
+        sd, g = jax.vmap(
+            lambda k: _propose_split(k, clusters, Xs, X, measure, family, m, lloyd_iters)  # noqa: B023
+        )(ks)
+        sides.append(sd)
+        gains.append(g)
+    sides, gains = jnp.concatenate(sides), jnp.concatenate(gains)
     best = jnp.argmax(gains, axis=0)
     gain = jnp.max(gains, axis=0)
     side = sides[best[labels], jnp.arange(n)]
@@ -367,6 +398,7 @@ def fit(
     return tree_index(runs, best), runs
 
 
+@jax.jit
 def predict_log_weights(
     X_new: jax.Array, clusters: ClusterState, measure: Measure, family
 ) -> tuple[jax.Array, jax.Array]:
