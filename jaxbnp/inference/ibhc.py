@@ -1,0 +1,924 @@
+"""Incremental Bayesian hierarchical clustering (IBHC) for NRM mixtures (MATH.md §4).
+
+Host-side trees (NumPy, float64) for Lee & Choi's IBHC and the tree operations
+of tree-guided MCMC (tgMCMC, Lee & Choi 2015, section 3 and supplement A-B).
+Only the per-cluster math runs in JAX: ``log P(X_c)`` (``family.log_marginal``)
+and ``log κ(|c|, u)`` (``measure.log_kappa``), evaluated for many candidate
+nodes in one jitted, batched call.
+
+Potentials (MATH.md §4), all in log space; every ``Node`` stores
+
+* ``log_lik = log P(X_c)`` and ``log_h = log φ(X_c|h_c) = log κ(|c|, u) + log P(X_c)``,
+* ``log_t = log φ(X_c|t_c) = logaddexp(log_h, log_t(l) + log_t(r))`` (a leaf: ``log_h``),
+* ``log_d = log d(l, r) = log_t(l) + log_t(r) − log_h`` (a leaf: ``−inf``, d = 0),
+  so that ``P(h_c | X_c, t_c) = 1/(1 + d)``.
+
+The dissimilarity of two separate trees ``a``, ``b`` is that of the node that
+would merge them: ``log d(a, b) = log_t(a) + log_t(b) − log_h(a ∪ b)``.
+
+Operations
+----------
+``TreeModel``
+    The data, measure, family and ``u``; makes leaves and merged nodes.
+``seq_insert``
+    SeqInsert(c, s): insert tree ``s`` into tree ``c`` (paper, Step 2).
+``ibhc``
+    IBHC: points inserted one at a time in a given order (Steps 1-3).
+``bhc``
+    Deterministic greedy BHC (merge the pair with the smallest ``d`` while it is ≤ 1).
+``sample_sub`` / ``sample_sub_log_prob``
+    SampleSub (supplement A, Fig. 6): a subtree with probability ``∝ d + ε``.
+``stoc_insert`` / ``stoc_insert_log_prob``
+    StocInsert (paper 3.1, supplement A, Fig. 7).
+``cut_at``, ``cascade``, ``detach``, ``cut_tree``
+    The tree edits of the global and local moves (supplement B, C).
+
+Where the paper is ambiguous, the choices made here are stated in the
+docstrings (``seq_insert``: ties; ``ibhc``: which node is split in Step 3;
+``sample_sub``: ``ε`` with ``internal_only``).
+
+Example
+-------
+>>> import numpy as np
+>>> from jaxbnp.models.measures import DP
+>>> from jaxbnp.models.families import NormalGamma
+>>> from jaxbnp.inference.ibhc import ibhc, sample_sub
+>>> X = np.array([[0.0], [0.1], [-0.1], [10.0], [10.1], [9.9]])
+>>> forest = ibhc(X, DP(1.0), NormalGamma(0.0, 0.01, 1.0, 0.1))
+>>> forest.labels.tolist()
+[0, 0, 0, 1, 1, 1]
+>>> [t.points().tolist() for t in forest.trees]
+[[0, 1, 2], [3, 4, 5]]
+>>> sub = sample_sub(np.random.default_rng(0), forest.trees[0])
+>>> bool(0.0 < np.exp(sub.log_prob) <= 1.0)
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from .._validation import check_data
+from ..models.families import Family
+from ..models.measures import Measure
+
+__all__ = [
+    "Node",
+    "TreeModel",
+    "Forest",
+    "SampleSubResult",
+    "StocInsertResult",
+    "seq_insert",
+    "sequential_tree",
+    "cut_tree",
+    "ibhc",
+    "bhc",
+    "sample_sub",
+    "sample_sub_log_prob",
+    "stoc_insert",
+    "stoc_insert_log_prob",
+    "cut_at",
+    "cascade",
+    "detach",
+    "copy_tree",
+    "forest_labels",
+]
+
+_MIN_BATCH = 4
+
+
+# ----------------------------------------------------------------------------- batched JAX math
+@jax.jit
+def _log_potentials_batch(measure, family, u, sizes, stats):
+    """``log P(X_c)`` and ``log κ(|c|, u)`` for a batch of candidate clusters."""
+    return family.log_marginal(stats), measure.log_kappa(sizes, u)
+
+
+@jax.jit
+def _log_kappa_batch(measure, u, sizes):
+    return measure.log_kappa(sizes, u)
+
+
+def _padded_length(k: int) -> int:
+    """Batch length rounded up to a power of two (bounded number of compilations)."""
+    return max(_MIN_BATCH, 1 << max(k - 1, 0).bit_length())
+
+
+def _tree_add(a, b):
+    return jax.tree.map(np.add, a, b)
+
+
+def _tree_stack(items: Sequence[Any]):
+    """Stack per-node statistics into one batch (leading axis = nodes)."""
+    return jax.tree.map(lambda *xs: np.stack(xs), *items)
+
+
+def _logsumexp(a: np.ndarray) -> float:
+    m = float(np.max(a))
+    if not math.isfinite(m):
+        return m
+    return m + math.log(float(np.sum(np.exp(a - m))))
+
+
+def _sample_index(rng: np.random.Generator, log_p: np.ndarray) -> int:
+    """Index drawn with probabilities ``exp(log_p)`` (inverse CDF; zero weights never drawn)."""
+    w = np.exp(log_p - np.max(log_p))
+    cdf = np.cumsum(w)
+    j = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(j, len(log_p) - 1)
+
+
+# ----------------------------------------------------------------------------- nodes
+@dataclass(eq=False, repr=False)
+class Node:
+    """One node of a binary tree over a cluster (MATH.md §4).
+
+    Attributes
+    ----------
+    index : int
+        Unique id within a ``TreeModel``: a leaf's index is its data point's
+        row; internal nodes get ``num_points, num_points + 1, ...`` in order of
+        creation (the "unique indices" the merge move sorts by, supplement B.3).
+    size : int
+        Number of leaves ``|c|``.
+    stats : pytree of NumPy arrays
+        The family's sufficient statistics of ``X_c`` (sum over the leaves).
+    log_lik, log_h, log_t : float
+        ``log P(X_c)``, ``log φ(X_c|h_c)`` and ``log φ(X_c|t_c)``.
+    left, right, parent : Node or None
+        Children (both ``None`` for a leaf) and parent (``None`` for a root).
+    """
+
+    index: int
+    size: int
+    stats: Any
+    log_lik: float
+    log_h: float
+    log_t: float
+    left: "Node | None" = None
+    right: "Node | None" = None
+    parent: "Node | None" = None
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.left is None
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    @property
+    def log_d(self) -> float:
+        """``log d(l(c), r(c))``; ``−inf`` for a leaf (d = 0 by the paper's convention)."""
+        if self.is_leaf:
+            return -math.inf
+        return self.left.log_t + self.right.log_t - self.log_h
+
+    @property
+    def log_prob_h(self) -> float:
+        """``log P(h_c | X_c, t_c) = log φ(h) − log φ(t) = −log(1 + d)`` (0 for a leaf)."""
+        return self.log_h - self.log_t
+
+    def nodes(self) -> list["Node"]:
+        """All nodes of the subtree rooted here, in preorder (iterative, any depth)."""
+        out, stack = [], [self]
+        while stack:
+            v = stack.pop()
+            out.append(v)
+            if not v.is_leaf:
+                stack.append(v.right)
+                stack.append(v.left)
+        return out
+
+    def points(self) -> np.ndarray:
+        """Sorted data indices of the leaves below this node."""
+        return np.sort(np.array([v.index for v in self.nodes() if v.is_leaf], dtype=np.int64))
+
+    def root(self) -> "Node":
+        v = self
+        while v.parent is not None:
+            v = v.parent
+        return v
+
+    def __repr__(self) -> str:
+        kind = "Leaf" if self.is_leaf else "Node"
+        return f"{kind}(index={self.index}, size={self.size}, log_d={self.log_d:.4g})"
+
+
+def _require_root(node: Node, name: str) -> None:
+    if not isinstance(node, Node):
+        raise ValueError(f"{name} must be a Node, got {type(node).__name__}.")
+    if node.parent is not None:
+        raise ValueError(
+            f"{name} must be the root of its tree (parent is None); detach it first "
+            "(ibhc.detach or ibhc.cut_at)."
+        )
+
+
+def _contains(root: Node, node: Node) -> bool:
+    v = node
+    while v is not None:
+        if v is root:
+            return True
+        v = v.parent
+    return False
+
+
+def _recompute_bottom_up(nodes: Sequence[Node]) -> None:
+    """``log_t`` of ``nodes`` (children before parents) from their ``log_h`` and children."""
+    for v in nodes:
+        if v.is_leaf:
+            v.log_t = v.log_h
+        else:
+            v.log_t = float(np.logaddexp(v.log_h, v.left.log_t + v.right.log_t))
+
+
+# ----------------------------------------------------------------------------- model
+class TreeModel:
+    """Data, partition prior and likelihood family behind a forest of host trees.
+
+    :param X: ``(n, D)`` data.
+    :param measure: an NRM with ``log_kappa``: ``DP`` (κ(m, u) = α Γ(m) (u+1)^−m) or ``NGGP``.
+        ``PitmanYor`` is not an NRM and is rejected.
+    :param family: conjugate family (``NormalGamma``, ``NormalWishart``, ...).
+    :param u: the auxiliary variable ``u ≥ 0``. Required for ``NGGP``. For ``DP``
+        it defaults to 0 (then ``κ(m, 0) = α Γ(m)``: classic BHC); with the DP
+        every dissimilarity and probability is independent of ``u`` because
+        ``(u+1)^−m`` is multiplicative in ``m``.
+
+    All heavy math is one jitted call per batch of candidate nodes (batch
+    lengths padded to powers of two). Enable float64 (``jax_enable_x64``) for
+    full precision; the trees themselves are always float64.
+    """
+
+    def __init__(self, X: Any, measure: Measure, family: Family, u: Any = None):
+        if not isinstance(measure, Measure) or not hasattr(measure, "log_kappa"):
+            raise ValueError(
+                "IBHC needs a normalised random measure with log_kappa (bnp.DP or bnp.NGGP), "
+                f"got {type(measure).__name__}."
+            )
+        if not isinstance(family, Family):
+            raise ValueError(
+                f"family must be a jaxbnp Family (NormalGamma, NormalWishart, ...), got {family!r}."
+            )
+        self.measure = measure
+        self.family = family
+        self.u = self._check_u(u)
+        self.X = check_data(X, family=family)
+        n = self.X.shape[0]
+        self._point_stats = jax.tree.map(
+            lambda s: np.asarray(s, dtype=np.float64), family.point_stats(self.X)
+        )
+        self._leaf_log_lik, self._leaf_log_h = self._evaluate_stacked(
+            self._point_stats, np.ones(n)
+        )
+        self._next_index = n
+
+    # -- validation -------------------------------------------------------------------
+    def _check_u(self, u: Any) -> float:
+        if u is None:
+            if getattr(self.measure, "has_auxiliary", False):
+                raise ValueError(
+                    f"{type(self.measure).__name__} needs the auxiliary variable u: pass u > 0 "
+                    "(e.g. u=n/alpha or the current value of a sampler)."
+                )
+            return 0.0
+        try:
+            value = float(np.asarray(u))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"u must be a non-negative scalar, got {u!r}.") from exc
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"u must be finite and >= 0, got {value}.")
+        return value
+
+    @property
+    def num_points(self) -> int:
+        return int(self.X.shape[0])
+
+    # -- batched evaluation -------------------------------------------------------------
+    def _evaluate_stacked(self, stats, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(log P(X_c), log φ(X_c|h_c))`` for stacked statistics, padded to a power of two."""
+        k = len(sizes)
+        length = _padded_length(k)
+        if length > k:
+            stats = jax.tree.map(
+                lambda s: np.concatenate([s, np.repeat(s[:1], length - k, axis=0)]), stats
+            )
+            sizes = np.concatenate([sizes, np.ones(length - k)])
+        log_lik, log_kappa = _log_potentials_batch(
+            self.measure, self.family, self.u, np.asarray(sizes, dtype=np.float64), stats
+        )
+        log_lik = np.asarray(log_lik, dtype=np.float64)[:k]
+        log_kappa = np.asarray(log_kappa, dtype=np.float64)[:k]
+        return log_lik, log_kappa + log_lik
+
+    def _evaluate(self, stats_list: Sequence[Any], sizes: Sequence[int]):
+        """``(log P, log φ(h))`` of a list of per-node statistics (one JAX call)."""
+        if len(stats_list) == 0:
+            return np.zeros(0), np.zeros(0)
+        return self._evaluate_stacked(
+            _tree_stack(stats_list), np.asarray(sizes, dtype=np.float64)
+        )
+
+    def _union_potentials(self, s: Node, others: Sequence[Node]):
+        """``(log P, log φ(h))`` of ``s ∪ o`` for every ``o`` in ``others`` (one JAX call)."""
+        return self._evaluate(
+            [_tree_add(o.stats, s.stats) for o in others], [o.size + s.size for o in others]
+        )
+
+    def log_kappa(self, sizes: Any) -> np.ndarray:
+        """``log κ(m, u)`` for an array of cluster sizes (NumPy float64)."""
+        sizes = np.atleast_1d(np.asarray(sizes, dtype=np.float64))
+        k = len(sizes)
+        padded = np.concatenate([sizes, np.ones(_padded_length(k) - k)])
+        return np.asarray(_log_kappa_batch(self.measure, self.u, padded), dtype=np.float64)[:k]
+
+    # -- node construction ----------------------------------------------------------------
+    def leaf(self, i: int) -> Node:
+        """A new leaf for data point ``i`` (a one-point tree)."""
+        i = int(i)
+        if not 0 <= i < self.num_points:
+            raise ValueError(f"point index {i} out of range [0, {self.num_points}).")
+        stats = jax.tree.map(lambda s: s[i], self._point_stats)
+        log_h = float(self._leaf_log_h[i])
+        return Node(i, 1, stats, float(self._leaf_log_lik[i]), log_h, log_h)
+
+    def leaves(self) -> list[Node]:
+        """One leaf per data point, in row order."""
+        return [self.leaf(i) for i in range(self.num_points)]
+
+    def _join(self, a: Node, b: Node, log_lik: float, log_h: float) -> Node:
+        node = Node(
+            self._next_index,
+            a.size + b.size,
+            _tree_add(a.stats, b.stats),
+            float(log_lik),
+            float(log_h),
+            float(np.logaddexp(log_h, a.log_t + b.log_t)),
+            left=a,
+            right=b,
+        )
+        self._next_index += 1
+        a.parent = node
+        b.parent = node
+        return node
+
+    def merge(self, a: Node, b: Node) -> Node:
+        """A new root with children ``a`` (left) and ``b`` (right); both must be roots."""
+        _require_root(a, "a")
+        _require_root(b, "b")
+        if a is b:
+            raise ValueError("cannot merge a tree with itself.")
+        log_lik, log_h = self._union_potentials(a, [b])
+        return self._join(a, b, log_lik[0], log_h[0])
+
+    def log_dissimilarities(self, a: Node, others: Sequence[Node]) -> np.ndarray:
+        """``log d(a, o) = log φ(t_a) + log φ(t_o) − log φ(h_{a∪o})`` for each ``o`` (one JAX call)."""
+        if not others:
+            return np.zeros(0)
+        _, log_h = self._union_potentials(a, others)
+        log_t = np.array([o.log_t for o in others])
+        return a.log_t + log_t - log_h
+
+    def log_dissimilarity(self, a: Node, b: Node) -> float:
+        """``log d(a, b)`` of two trees (the dissimilarity of merging them on top)."""
+        return float(self.log_dissimilarities(a, [b])[0])
+
+    def set_u(self, u: Any, trees: Sequence[Node] = ()) -> None:
+        """Change ``u`` and refresh ``log_h``/``log_t`` of every node of ``trees``.
+
+        Only ``log κ`` depends on ``u``: no marginal likelihood is recomputed.
+        Trees not passed keep potentials for the old ``u``.
+        """
+        self.u = self._check_u(u)
+        nodes = [v for t in trees for v in t.nodes()]
+        if not nodes:
+            return
+        log_kappa = self.log_kappa([v.size for v in nodes])
+        for v, lk in zip(nodes, log_kappa):
+            v.log_h = float(lk) + v.log_lik
+        for t in trees:
+            _recompute_bottom_up(t.nodes()[::-1])
+
+
+# ----------------------------------------------------------------------------- SeqInsert
+def _seq_insert(
+    model: TreeModel, root: Node, s: Node, top: tuple[float, float] | None = None
+) -> tuple[Node, list[Node]]:
+    """SeqInsert; returns the new root and the nodes whose potentials changed (top-down).
+
+    ``top`` optionally gives ``(log P, log φ(h))`` of ``root ∪ s`` when already known.
+    The last element of the returned path is the new node joining ``s``.
+    """
+    _require_root(root, "root")
+    _require_root(s, "s")
+    if root is s:
+        raise ValueError("cannot insert a tree into itself.")
+    if top is None:
+        log_lik, log_h = model._union_potentials(s, [root])
+        top = (float(log_lik[0]), float(log_h[0]))
+    c, current = root, top
+    chain: list[tuple[Node, tuple[float, float]]] = []
+    while not c.is_leaf:
+        l, r = c.left, c.right
+        log_lik, log_h = model._union_potentials(s, [l, r])
+        log_d_lr = c.log_d
+        log_d_ls = l.log_t + s.log_t - log_h[0]
+        log_d_rs = r.log_t + s.log_t - log_h[1]
+        if log_d_lr <= min(log_d_ls, log_d_rs):
+            break  # case 1: s goes on top of c
+        chain.append((c, current))
+        if log_d_ls <= log_d_rs:  # case 2: into the left subtree
+            c, current = l, (float(log_lik[0]), float(log_h[0]))
+        else:  # case 3: into the right subtree
+            c, current = r, (float(log_lik[1]), float(log_h[1]))
+    parent = c.parent
+    c.parent = None
+    joined = model._join(c, s, *current)
+    if parent is not None:
+        if parent.left is c:
+            parent.left = joined
+        else:
+            parent.right = joined
+        joined.parent = parent
+    for node, (log_lik_new, log_h_new) in reversed(chain):
+        node.stats = _tree_add(node.stats, s.stats)
+        node.size += s.size
+        node.log_lik = log_lik_new
+        node.log_h = log_h_new
+        node.log_t = float(np.logaddexp(log_h_new, node.left.log_t + node.right.log_t))
+    new_root = chain[0][0] if chain else joined
+    return new_root, [v for v, _ in chain] + [joined]
+
+
+def seq_insert(model: TreeModel, root: Node, s: Node) -> Node:
+    """SeqInsert(c, s): insert the tree ``s`` into the tree ``root`` and return the new root.
+
+    Paper section 2.3, Step 2 (and supplement A, where ``s`` is a whole tree).
+    At an internal node ``c`` with children ``l``, ``r`` the three pairs of
+    ``{l, r, s}`` are compared: if ``d(l, r)`` is smallest, ``s`` is put on top
+    of ``c`` (case 1, a new node with children ``(c, s)``); if ``d(l, s)`` is
+    smallest, the insertion continues in ``l`` (case 2), otherwise in ``r``
+    (case 3). At a leaf ``s`` becomes its sibling. Ties go to case 1, then to
+    the left. Potentials of the nodes on the path are updated; the tree is
+    never split here (splitting is IBHC's Step 3, see ``ibhc``).
+
+    Both trees are modified in place (``s`` becomes a subtree). One batched
+    JAX call per level visited.
+    """
+    return _seq_insert(model, root, s)[0]
+
+
+# ----------------------------------------------------------------------------- tree edits
+def cut_at(node: Node) -> tuple[list[Node], list[Node]]:
+    """Cut a tree at the internal node ``c*``: destroy ``c*`` and all its ancestors.
+
+    Returns ``(S, Q)``: ``S = [l(c*), r(c*)]`` and ``Q`` the subtrees hanging off
+    the destroyed ancestors, nearest to ``c*`` first (supplement B.2, Fig. 8;
+    this is also the order in which B.5 / eq. 12 re-inserts ``c_2, ..., c_m``
+    into a cascaded tree). All returned trees are roots; the destroyed nodes
+    must not be used again.
+    """
+    if not isinstance(node, Node) or node.is_leaf:
+        raise ValueError("cut_at needs an internal node (a leaf cannot be split).")
+    S = [node.left, node.right]
+    Q = []
+    child, p = node, node.parent
+    while p is not None:
+        Q.append(p.right if p.left is child else p.left)
+        child, p = p, p.parent
+    for t in S + Q:
+        t.parent = None
+    node.parent = None
+    return S, Q
+
+
+def cascade(model: TreeModel, trees: Sequence[Node]) -> Node:
+    """Merge trees into one cascaded tree in order of their ``index`` (supplement B.3, Fig. 9).
+
+    ``[c1, c2, c3]`` becomes ``((c1, c2), c3)``. All prefix unions are evaluated
+    in one JAX call.
+    """
+    if len(trees) == 0:
+        raise ValueError("cascade needs at least one tree.")
+    for t in trees:
+        _require_root(t, "every tree")
+    if len({id(t) for t in trees}) != len(trees):
+        raise ValueError("cascade: the same tree was passed twice.")
+    ordered = sorted(trees, key=lambda t: t.index)
+    if len(ordered) == 1:
+        return ordered[0]
+    prefix_stats, sizes = [], []
+    stats, size = ordered[0].stats, ordered[0].size
+    for t in ordered[1:]:
+        stats, size = _tree_add(stats, t.stats), size + t.size
+        prefix_stats.append(stats)
+        sizes.append(size)
+    log_lik, log_h = model._evaluate(prefix_stats, sizes)
+    tree = ordered[0]
+    for k, t in enumerate(ordered[1:]):
+        tree = model._join(tree, t, log_lik[k], log_h[k])
+    return tree
+
+
+def detach(model: TreeModel, node: Node) -> Node | None:
+    """Remove the subtree ``node`` from its tree; return the root of what remains.
+
+    The sibling of ``node`` takes its parent's place and the ancestors'
+    statistics and potentials are recomputed (one JAX call). Returns ``None``
+    if ``node`` was the root (nothing remains). ``node`` becomes a root.
+    Used by the local moves (supplement C) to move a leaf to another tree.
+    """
+    if not isinstance(node, Node):
+        raise ValueError(f"node must be a Node, got {type(node).__name__}.")
+    p = node.parent
+    if p is None:
+        return None
+    sibling = p.right if p.left is node else p.left
+    g = p.parent
+    node.parent = None
+    sibling.parent = g
+    if g is None:
+        return sibling
+    if g.left is p:
+        g.left = sibling
+    else:
+        g.right = sibling
+    ancestors = []
+    v = g
+    while v is not None:
+        v.stats = _tree_add(v.left.stats, v.right.stats)
+        v.size = v.left.size + v.right.size
+        ancestors.append(v)
+        v = v.parent
+    log_lik, log_h = model._evaluate([v.stats for v in ancestors], [v.size for v in ancestors])
+    for v, ll, lh in zip(ancestors, log_lik, log_h):
+        v.log_lik, v.log_h = float(ll), float(lh)
+    _recompute_bottom_up(ancestors)
+    return ancestors[-1]
+
+
+def copy_tree(root: Node) -> Node:
+    """Deep copy of the subtree at ``root`` (statistics arrays are shared: they are never edited in place)."""
+    mapping: dict[int, Node] = {}
+    for v in root.nodes():
+        w = Node(v.index, v.size, v.stats, v.log_lik, v.log_h, v.log_t)
+        mapping[id(v)] = w
+        if v is not root and id(v.parent) in mapping:
+            w.parent = mapping[id(v.parent)]
+            if v.parent.left is v:
+                w.parent.left = w
+            else:
+                w.parent.right = w
+    return mapping[id(root)]
+
+
+def cut_tree(root: Node) -> list[Node]:
+    """Clusters of one tree: cut top-down at every node with ``d > 1`` (``P(h) < 1/2``).
+
+    A node with ``d ≤ 1`` (or a leaf) is a cluster; a node with ``d > 1`` is
+    destroyed and its children are examined. Returns the cluster trees (roots).
+    """
+    _require_root(root, "root")
+    clusters, stack = [], [root]
+    while stack:
+        v = stack.pop()
+        if v.is_leaf or v.log_d <= 0.0:
+            v.parent = None
+            clusters.append(v)
+        else:
+            v.left.parent = v.right.parent = None
+            stack.append(v.right)
+            stack.append(v.left)
+    return clusters
+
+
+def forest_labels(trees: Sequence[Node], num_points: int) -> np.ndarray:
+    """Labels ``(num_points,)``: ``labels[i] = k`` for the tree ``trees[k]`` holding point ``i``."""
+    labels = np.full(int(num_points), -1, dtype=np.int32)
+    for k, t in enumerate(trees):
+        pts = t.points()
+        if pts.size and (pts.max() >= num_points or np.any(labels[pts] >= 0)):
+            raise ValueError(
+                "the trees do not partition range(num_points): a point is repeated or out of range."
+            )
+        labels[pts] = k
+    if np.any(labels < 0):
+        missing = np.nonzero(labels < 0)[0][:5].tolist()
+        raise ValueError(f"the trees do not cover every point (first missing: {missing}).")
+    return labels
+
+
+# ----------------------------------------------------------------------------- IBHC and BHC
+@dataclass(repr=False)
+class Forest:
+    """One binary tree per cluster, and the partition they define.
+
+    ``trees`` are sorted by their smallest data index, so ``labels`` are in
+    order of first appearance; ``labels[i] = k`` iff point ``i`` is a leaf of
+    ``trees[k]``. ``num_splits`` counts IBHC Step-3 splits.
+    """
+
+    trees: list[Node]
+    labels: np.ndarray
+    model: TreeModel
+    num_splits: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Forest(num_trees={len(self.trees)}, num_points={len(self.labels)}, "
+            f"num_splits={self.num_splits})"
+        )
+
+
+def _make_forest(model: TreeModel, trees: list[Node], num_splits: int = 0) -> Forest:
+    trees = sorted(trees, key=lambda t: int(t.points()[0]))
+    return Forest(trees, forest_labels(trees, model.num_points), model, num_splits)
+
+
+def _check_order(order: Any, n: int) -> np.ndarray:
+    if order is None:
+        return np.arange(n)
+    arr = np.asarray(order)
+    if arr.shape != (n,) or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"order must be an integer array of shape ({n},), got {arr.dtype} {arr.shape}.")
+    if not np.array_equal(np.sort(arr), np.arange(n)):
+        raise ValueError(f"order must be a permutation of range({n}).")
+    return arr.astype(np.int64)
+
+
+def sequential_tree(model: TreeModel, order: Any = None) -> Node:
+    """One tree over all points by SeqInsert of each point, in ``order``, without splits."""
+    order = _check_order(order, model.num_points)
+    root = model.leaf(order[0])
+    for i in order[1:]:
+        root = seq_insert(model, root, model.leaf(i))
+    return root
+
+
+def ibhc(
+    X: Any,
+    measure: Measure,
+    family: Family,
+    u: Any = None,
+    *,
+    order: Any = None,
+    single_tree: bool = False,
+    max_splits: int | None = None,
+) -> Forest:
+    """Incremental BHC (paper section 2.3, Steps 1-3): a forest, one tree per cluster.
+
+    Points are inserted in ``order`` (default: row order).
+
+    Step 1: point ``i`` goes to the tree ``c`` with the smallest ``d(i, c)``, or
+    starts a new tree if that ``d > 1``. Step 2: ``seq_insert``. Step 3: if a
+    dissimilarity on the updated path now exceeds 1, the tree is split there
+    and the split nodes are re-inserted (Steps 1-3 again, through a queue).
+
+    Step 3 is under-specified in the paper; here the **deepest** path node
+    ``v`` with ``d > 1`` is cut with ``cut_at(v)``: ``v`` and all its ancestors
+    are destroyed (their statistics contain ``X_v``, which ``d(v) > 1`` says is
+    two clusters), and ``l(v)``, ``r(v)`` and the subtrees hanging off the
+    destroyed ancestors are re-inserted, nearest first. This keeps every
+    internal node of every tree at ``d ≤ 1``, as greedy BHC does. To rule out
+    endless split/re-insert cycles at most ``max_splits`` splits are done
+    (default ``10 n``); after that trees are no longer split (``num_splits``
+    in the result tells).
+
+    ``single_tree=True`` instead inserts every point into one growing tree
+    (``sequential_tree``) and cuts it top-down where ``d > 1`` (``cut_tree``).
+
+    :returns: ``Forest`` (trees, labels, the ``TreeModel``, ``num_splits``).
+    """
+    model = TreeModel(X, measure, family, u)
+    n = model.num_points
+    order = _check_order(order, n)
+    if single_tree:
+        return _make_forest(model, cut_tree(sequential_tree(model, order)))
+    if max_splits is None:
+        max_splits = 10 * n
+    if int(max_splits) < 0:
+        raise ValueError(f"max_splits must be >= 0, got {max_splits}.")
+    forest: list[Node] = []
+    num_splits = 0
+    for i in order:
+        queue = deque([model.leaf(i)])
+        while queue:
+            s = queue.popleft()
+            if not forest:
+                forest.append(s)
+                continue
+            log_lik, log_h = model._union_potentials(s, forest)
+            log_d = s.log_t + np.array([t.log_t for t in forest]) - log_h
+            k = int(np.argmin(log_d))
+            if log_d[k] > 0.0:
+                forest.append(s)
+                continue
+            root, path = _seq_insert(model, forest[k], s, (float(log_lik[k]), float(log_h[k])))
+            forest[k] = root
+            violating = [v for v in path if v.log_d > 0.0]
+            if violating and num_splits < max_splits:
+                S, Q = cut_at(violating[-1])
+                forest.pop(k)
+                queue.extend(S + Q)
+                num_splits += 1
+    return _make_forest(model, forest, num_splits)
+
+
+def bhc(X: Any, measure: Measure, family: Family, u: Any = None) -> Forest:
+    """Deterministic greedy BHC: repeatedly merge the pair of trees with the smallest ``d``.
+
+    Merging stops when the smallest dissimilarity exceeds 1 (``P(h) < 1/2``),
+    so every internal node has ``d ≤ 1`` and each remaining tree is a cluster
+    (paper section 2.3). Ties go to the first pair in index order. Keeps an
+    ``O(n²)`` matrix of pair dissimilarities: meant for small data (hundreds
+    of points). One JAX call for the initial pairs, then one per merge.
+    """
+    model = TreeModel(X, measure, family, u)
+    n = model.num_points
+    slots: list[Node | None] = model.leaves() + [None] * max(n - 1, 0)
+    size = len(slots)
+    log_d = np.full((size, size), np.inf)
+    log_lik = np.zeros((size, size))
+    log_h = np.zeros((size, size))
+
+    def score(k: int, others: list[int]) -> None:
+        if not others:
+            return
+        ll, lh = model._union_potentials(slots[k], [slots[j] for j in others])
+        for j, a, b in zip(others, ll, lh):
+            i, jj = min(j, k), max(j, k)
+            log_lik[i, jj], log_h[i, jj] = a, b
+            log_d[i, jj] = slots[i].log_t + slots[jj].log_t - b
+
+    if n > 1:
+        ii, jj = np.triu_indices(n, 1)
+        ll, lh = model._evaluate(
+            [_tree_add(slots[i].stats, slots[j].stats) for i, j in zip(ii, jj)], [2] * len(ii)
+        )
+        log_lik[ii, jj], log_h[ii, jj] = ll, lh
+        log_d[ii, jj] = np.array([slots[i].log_t + slots[j].log_t for i, j in zip(ii, jj)]) - lh
+    active = set(range(n))
+    next_slot = n
+    while len(active) > 1:
+        flat = int(np.argmin(log_d))
+        i, j = divmod(flat, size)
+        if log_d[i, j] > 0.0:
+            break
+        slots[next_slot] = model._join(slots[i], slots[j], log_lik[i, j], log_h[i, j])
+        for a in (i, j):
+            log_d[a, :] = np.inf
+            log_d[:, a] = np.inf
+            active.discard(a)
+        score(next_slot, sorted(active))
+        active.add(next_slot)
+        next_slot += 1
+    return _make_forest(model, [slots[a] for a in active])
+
+
+# ----------------------------------------------------------------------------- SampleSub
+class SampleSubResult(NamedTuple):
+    """The drawn subtree and ``log`` of the probability of drawing it."""
+
+    node: Node
+    log_prob: float
+
+
+def _sample_sub_log_probs(root: Node, internal_only: bool) -> tuple[list[Node], np.ndarray]:
+    if not isinstance(root, Node):
+        raise ValueError(f"root must be a Node, got {type(root).__name__}.")
+    nodes = root.nodes()
+    internal = np.array([not v.is_leaf for v in nodes])
+    if not internal.any():
+        if internal_only:
+            raise ValueError(
+                "SampleSub with internal_only=True needs a tree with an internal node (this is a leaf)."
+            )
+        return nodes, np.zeros(1)
+    log_d = np.array([v.log_d for v in nodes])  # −inf (d = 0) for leaves
+    log_eps = float(np.max(log_d[internal]))  # ε = max d over the internal nodes
+    log_w = np.logaddexp(log_d, log_eps)  # log(d + ε); leaves: log ε
+    if internal_only:
+        log_w = np.where(internal, log_w, -np.inf)
+    return nodes, log_w - _logsumexp(log_w)
+
+
+def sample_sub(
+    rng: Any, root: Node, *, internal_only: bool = False
+) -> SampleSubResult:
+    """SampleSub(c): draw a subtree ``t_c'`` of ``t_c`` with probability ``∝ d(l(c'), r(c')) + ε``.
+
+    Supplement A, Fig. 6: a categorical over **all** nodes of the tree rooted
+    at ``root`` (``root`` may be any node, e.g. a previous draw, as in the
+    local moves); ``ε`` is the largest ``d`` among the tree's internal nodes
+    and leaves have ``d = 0``, so a leaf's weight is ``ε``. A one-leaf tree
+    returns that leaf with probability 1.
+
+    ``internal_only=True`` (the split move, paper footnote 1) restricts the
+    draw to internal nodes, weights ``d + ε`` with the same ``ε``, renormalised
+    (the paper does not say whether ``ε`` is kept there; it is).
+
+    :param rng: ``numpy.random.Generator`` or seed.
+    :returns: ``SampleSubResult(node, log_prob)``; ``log_prob`` equals
+        ``sample_sub_log_prob(root, node, internal_only=...)``.
+    """
+    rng = np.random.default_rng(rng)
+    nodes, log_p = _sample_sub_log_probs(root, internal_only)
+    j = _sample_index(rng, log_p)
+    return SampleSubResult(nodes[j], float(log_p[j]))
+
+
+def sample_sub_log_prob(root: Node, target: Node, *, internal_only: bool = False) -> float:
+    """``log`` probability that ``sample_sub`` on ``root`` draws ``target``.
+
+    The reverse-move form SampleSub(c, c', p) of supplement A.
+
+    ``−inf`` for a leaf when ``internal_only``. Raises ``ValueError`` if
+    ``target`` is not in the tree rooted at ``root``.
+    """
+    if not isinstance(target, Node) or not _contains(root, target):
+        raise ValueError("target is not a node of the tree rooted at root.")
+    nodes, log_p = _sample_sub_log_probs(root, internal_only)
+    for v, lp in zip(nodes, log_p):
+        if v is target:
+            return float(lp)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ----------------------------------------------------------------------------- StocInsert
+class StocInsertResult(NamedTuple):
+    """Outcome of ``stoc_insert``.
+
+    ``trees``: the new list of trees (the chosen entry replaced by its new
+    root, or ``c`` appended); ``choice``: index into the input ``trees`` or
+    ``None`` for "new tree"; ``log_prob``: ``log`` of the probability of that
+    choice.
+    """
+
+    trees: list[Node]
+    choice: int | None
+    log_prob: float
+
+
+def _stoc_insert_log_probs(model: TreeModel, trees: Sequence[Node], c: Node):
+    _require_root(c, "c")
+    for t in trees:
+        _require_root(t, "every tree in S")
+        if t is c:
+            raise ValueError("c is already one of the trees in S.")
+    if len({id(t) for t in trees}) != len(trees):
+        raise ValueError("S contains the same tree twice.")
+    log_lik, log_h = model._union_potentials(c, list(trees))
+    log_d = c.log_t + np.array([t.log_t for t in trees], dtype=np.float64) - log_h
+    log_w = np.concatenate([-log_d, [0.0]])  # d^-1(c', c) for each c' ∈ S, then 1 for "new"
+    return log_w - _logsumexp(log_w), log_lik, log_h
+
+
+def stoc_insert(model: TreeModel, rng: Any, trees: Sequence[Node], c: Node) -> StocInsertResult:
+    """StocInsert(S, c): insert tree ``c`` into one of the trees of ``S``, or keep it apart.
+
+    Paper section 3.1 and supplement A, Fig. 7: ``c`` goes into ``c' ∈ S`` (by
+    ``seq_insert``) with probability ``d⁻¹(c', c) / (1 + Σ_{c''∈S} d⁻¹(c'', c))``,
+    and becomes a new tree of ``S`` with probability ``1 / (1 + Σ d⁻¹)``.
+    Trees are never split after the insertion, even if a dissimilarity
+    exceeds 1 (needed for reversibility).
+
+    The chosen tree is modified in place. One JAX call for the choice plus
+    ``seq_insert``'s.
+
+    :param rng: ``numpy.random.Generator`` or seed.
+    :returns: ``StocInsertResult(trees, choice, log_prob)``; ``log_prob`` equals
+        ``stoc_insert_log_prob(model, trees, c, choice)`` evaluated before the insertion.
+    """
+    rng = np.random.default_rng(rng)
+    log_p, log_lik, log_h = _stoc_insert_log_probs(model, trees, c)
+    j = _sample_index(rng, log_p)
+    out = list(trees)
+    if j == len(trees):
+        out.append(c)
+        return StocInsertResult(out, None, float(log_p[j]))
+    out[j] = _seq_insert(model, out[j], c, (float(log_lik[j]), float(log_h[j])))[0]
+    return StocInsertResult(out, j, float(log_p[j]))
+
+
+def stoc_insert_log_prob(
+    model: TreeModel, trees: Sequence[Node], c: Node, choice: int | None
+) -> float:
+    """``log`` probability that StocInsert(S, c) makes ``choice`` (StocInsert(S, c, c', p)).
+
+    ``choice`` is an index into ``trees`` or ``None`` for "``c`` starts a new
+    tree" (StocInsert(S, c, ∅, p)). Nothing is modified.
+    """
+    if choice is not None:
+        if isinstance(choice, bool) or not isinstance(choice, (int, np.integer)):
+            raise ValueError(f"choice must be an index into the trees or None, got {choice!r}.")
+        if not 0 <= int(choice) < len(trees):
+            raise ValueError(f"choice {choice} is out of range for {len(trees)} trees.")
+    log_p = _stoc_insert_log_probs(model, trees, c)[0]
+    return float(log_p[len(trees) if choice is None else int(choice)])
