@@ -46,13 +46,16 @@ def test_cluster_csv_file_and_bad_file(tmp_path):
     assert r.returncode != 0 and "NaN or inf" in r.stderr
 
 
-def test_cluster_splitmerge_and_mapdp(tmp_path):
+def test_cluster_splitmerge_and_mapdp(tmp_path, capsys, monkeypatch):
+    """The other methods, in-process (the subprocess path is tested above)."""
+    from jaxbnp.cli import main
+
     rng = np.random.default_rng(1)
     X = np.r_[rng.normal(-4, 1, (30, 2)), rng.normal(4, 1, (30, 2))]
     np.savetxt(tmp_path / "x.csv", X, delimiter=",")
+    monkeypatch.chdir(tmp_path)
     for method, extra in (("splitmerge", ["--split-merge-moves", "3"]), ("mapdp", ["--mapdp-mode", "batched"])):
-        r = _run_cli("cluster", "x.csv", "--method", method, *extra, "--chains", "1", "--warmup", "5",
-                     "--samples", "10", "--out", method, cwd=tmp_path)
-        assert r.returncode == 0, r.stderr
-        assert method in r.stdout
+        assert main(["cluster", "x.csv", "--method", method, *extra, "--chains", "1", "--warmup", "5",
+                     "--samples", "10", "--out", method]) == 0
+        assert f"method    {method}" in capsys.readouterr().out
         assert json.loads((tmp_path / method / "summary.json").read_text())["clusters_best_draw"] == 2
