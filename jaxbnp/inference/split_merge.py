@@ -151,7 +151,7 @@ def _restricted_scans(
         k = order[position]
         x = X[k]
         member = jnp.stack([side[k], ~side[k]])
-        state = update(state, k, x, member, -1)
+        state = update(state, k, x, member, -1).astype(state.dtype)
         counts = counts - member.astype(counts.dtype)
         # both clusters keep i or j, so both weights are the "existing cluster" ones
         log_w, _ = measure.gibbs_log_weights(counts, u)
@@ -159,9 +159,10 @@ def _restricted_scans(
         log_norm = jnp.logaddexp(logits[0], logits[1])
         log_p_a, log_p_b = logits[0] - log_norm, logits[1] - log_norm
         to_a = jnp.where(last & force_last, target[k], log_uniforms[scan, position] < log_p_a)
-        log_q = log_q + jnp.where(last, jnp.where(to_a, log_p_a, log_p_b), 0.0)
+        # casts keep the carry's dtypes when data and parameters differ (float32 data, x64 on)
+        log_q = (log_q + jnp.where(last, jnp.where(to_a, log_p_a, log_p_b), 0.0)).astype(log_q.dtype)
         member = jnp.stack([to_a, ~to_a])
-        state = update(state, k, x, member, +1)
+        state = update(state, k, x, member, +1).astype(state.dtype)
         counts = counts + member.astype(counts.dtype)
         return side.at[k].set(to_a), state, counts, log_q
 

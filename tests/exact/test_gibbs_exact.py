@@ -51,9 +51,10 @@ def _exact(X, measure, family, partitions, log_prior=None):
     return normalise(np.asarray(lik) + np.asarray(log_prior))
 
 
-def _run(model, X, num_samples=10000, num_chains=8, num_warmup=200, seed=1, **kernel_kwargs):
+def _run(model, X, num_samples=10000, num_chains=8, num_warmup=200, seed=1,
+         kernel_cls=bnp.CollapsedGibbs, **kernel_kwargs):
     mcmc = MCMC(
-        bnp.CollapsedGibbs(model, **kernel_kwargs),
+        kernel_cls(model, **kernel_kwargs),
         num_warmup=num_warmup,
         num_samples=num_samples,
         num_chains=num_chains,

@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import pytest
-from numpyro.infer import MCMC
 
 import jaxbnp as bnp
 from jaxbnp.inference.clusters import canonical_labels, init_clusters
@@ -39,21 +38,14 @@ from jaxbnp.inference.split_merge import SplitMerge, split_merge_move, split_mer
 
 from .enumeration import set_partitions, total_variation
 from .test_gibbs_exact import NG, TV_TOLERANCE, _exact, _gaussian_data, _model, _nggp_log_eppf_quad
+from .test_gibbs_exact import _run as _run_kernel
 
 N = 7
 
 
-def _run(model, X, num_samples, num_chains=8, num_warmup=100, seed=1, **kernel_kwargs):
-    mcmc = MCMC(
-        SplitMerge(model, **kernel_kwargs),
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        num_chains=num_chains,
-        chain_method="vectorized",
-        progress_bar=False,
-    )
-    mcmc.run(jax.random.key(seed), X)
-    return mcmc.get_samples()
+def _run(model, X, num_samples, num_warmup=100, **kernel_kwargs):
+    return _run_kernel(model, X, num_samples, num_warmup=num_warmup, kernel_cls=SplitMerge,
+                       **kernel_kwargs)
 
 
 # split-merge alone, 8 moves per draw (module docstring)
