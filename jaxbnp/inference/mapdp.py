@@ -393,7 +393,12 @@ def fit(
     run = lambda ko: _one_run(  # noqa: E731
         ko[0], X, measure, family, capacity, ko[1], mode, block_size, tol, max_iter, split_moves
     )
-    runs = jax.vmap(run)((keys, orders)) if mode == "sequential" else lax.map(run, (keys, orders))
+    if n_restarts == 1:  # no batching: lax.cond runs one branch (under vmap it runs both)
+        runs = jax.tree.map(lambda x: x[None], run((keys[0], orders[0])))
+    elif mode == "sequential":
+        runs = jax.vmap(run)((keys, orders))
+    else:
+        runs = lax.map(run, (keys, orders))
     best = jnp.argmin(jnp.where(runs.clusters.overflow, jnp.inf, runs.nll))
     return tree_index(runs, best), runs
 
