@@ -30,6 +30,7 @@ from .._validation import check_labels
 __all__ = [
     "ClusterState",
     "init_clusters",
+    "clusters_from_labels",
     "move_point",
     "canonical_labels",
     "first_free_slot",
@@ -97,9 +98,16 @@ def init_clusters(family, X, labels, capacity: int) -> ClusterState:
                 f"pass capacity >= {k}."
             )
         lab_j = jnp.asarray(lab)
-    counts = jnp.zeros(capacity, jnp.int32).at[lab_j].add(1)
-    stats = family.stats_from_labels(X, lab_j, capacity)
-    return ClusterState(lab_j, counts, stats, jnp.array(False))
+    return clusters_from_labels(family, X, lab_j, capacity)
+
+
+def clusters_from_labels(family, X, labels, capacity: int, overflow=False) -> ClusterState:
+    """The state of slot labels ``labels`` (``0 <= labels < capacity``): counts and statistics
+    summed from the points. Pure JAX (no validation): use it inside jitted code."""
+    labels = labels.astype(jnp.int32)
+    counts = jax.ops.segment_sum(jnp.ones(labels.shape[0], jnp.int32), labels, num_segments=capacity)
+    stats = family.stats_from_labels(X, labels, capacity)
+    return ClusterState(labels, counts, stats, jnp.asarray(overflow))
 
 
 def cluster_log_joint(clusters: ClusterState, measure, family, u=None) -> jax.Array:

@@ -39,7 +39,9 @@ from .._validation import check_data, check_labels
 from ..models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ..models.measures import DP, NGGP
 from . import gibbs as gibbs_core
-from .clusters import ClusterState, canonical_labels, cluster_log_joint, raise_if_overflow
+from .clusters import (
+    ClusterState, canonical_labels, cluster_log_joint, clusters_from_labels, raise_if_overflow,
+)
 
 __all__ = ["CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn", "ModelSpec"]
 
@@ -332,9 +334,7 @@ class CollapsedGibbs(MCMCKernel):
         # a prior draw with more clusters than slots is an error, not a truncation
         overflow = labels.max() >= capacity
         labels = jnp.where(labels < capacity, labels, 0)
-        counts = jax.ops.segment_sum(jnp.ones(n, jnp.int32), labels, num_segments=capacity)
-        stats = family.stats_from_labels(X, labels, capacity)
-        clusters = ClusterState(labels, counts, stats, overflow)
+        clusters = clusters_from_labels(family, X, labels, capacity, overflow)
         if capacity < n:
             raise_if_overflow(clusters)
         z[spec.partition_site] = labels
@@ -458,10 +458,7 @@ def collapsed_gibbs_fn(
         cap = n if capacity is None else int(capacity)
         labels = jnp.asarray(gibbs_sites[p_name]).astype(jnp.int32)
         labels = canonical_labels(labels, n)
-        counts = jax.ops.segment_sum(jnp.ones(n, jnp.int32), labels, num_segments=cap)
-        clusters = ClusterState(
-            labels, counts, family.stats_from_labels(X, labels, cap), labels.max() >= cap
-        )
+        clusters = clusters_from_labels(family, X, labels, cap, labels.max() >= cap)
         k_sweep, k_u = jax.random.split(rng_key)
         u = p_fn.u if p_fn.u is not None else jnp.ones(())
         clusters = gibbs_core.gibbs_sweep(k_sweep, clusters, X, measure, family, u)

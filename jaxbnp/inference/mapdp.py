@@ -65,7 +65,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..models.measures import Measure
-from .clusters import ClusterState, cluster_log_joint, first_free_slot, tree_index
+from .clusters import (
+    ClusterState, cluster_log_joint, clusters_from_labels, first_free_slot, tree_index,
+)
 from .gibbs import assignment_sweep
 
 __all__ = [
@@ -291,11 +293,8 @@ def split_round(
         fits = accept & (gain_rank < num_free)
         target = free_slots[jnp.clip(jnp.cumsum(fits) - 1, 0, capacity - 1)]
         new_labels = jnp.where(fits[labels] & (side == 1), target[labels], labels)
-        new_labels = new_labels.astype(labels.dtype)
-        new_counts = jax.ops.segment_sum(jnp.ones_like(labels), new_labels, num_segments=capacity)
-        st = ClusterState(new_labels, new_counts.astype(counts.dtype),
-                          family.stats_from_labels(X, new_labels, capacity),
-                          clusters.overflow | (jnp.any(accept) & (num_free == 0)))
+        st = clusters_from_labels(family, X, new_labels, capacity,
+                                  clusters.overflow | (jnp.any(accept) & (num_free == 0)))
         return st, negative_log_joint(st, measure, family)
 
     all_st, all_nll = propose(gain > 0)
@@ -315,11 +314,7 @@ def split_round(
 def _one_run(
     key, X, measure, family, capacity, order, mode, block_size, tol, max_iter, split_moves
 ) -> MAPDPResult:
-    n = X.shape[0]
-    labels = jnp.zeros(n, jnp.int32)
-    counts = jnp.zeros(capacity, jnp.int32).at[0].set(n)
-    stats = family.stats_from_labels(X, labels, capacity)
-    state = ClusterState(labels, counts, stats, jnp.array(False))
+    state = clusters_from_labels(family, X, jnp.zeros(X.shape[0], jnp.int32), capacity)
     nll0 = negative_log_joint(state, measure, family)
     trace0 = jnp.full((max_iter + 1,), jnp.nan, X.dtype).at[0].set(nll0)
     scale = jnp.where(jnp.std(X, axis=0) > 0, jnp.std(X, axis=0), 1.0)
