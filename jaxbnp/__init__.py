@@ -6,7 +6,9 @@ in float64.
 """
 
 from . import datasets
-from .inference import CapacityError, ClusterState, CollapsedGibbs, SplitMerge, collapsed_gibbs_fn
+from .inference import (
+    CapacityError, ClusterState, CollapsedGibbs, SplitMerge, TreeGuidedMCMC, collapsed_gibbs_fn,
+)
 from .models import (
     DP,
     NGGP,
@@ -28,5 +30,5 @@ __all__ = [
     "DP", "NGGP", "PitmanYor",
     "NormalGamma", "NormalWishart", "DirichletMultinomial", "BetaBernoulli",
     "Partition", "ConjugateMixture", "AuxiliaryU", "log_joint",
-    "CollapsedGibbs", "SplitMerge", "collapsed_gibbs_fn", "ClusterState", "CapacityError",
+    "CollapsedGibbs", "SplitMerge", "TreeGuidedMCMC", "collapsed_gibbs_fn", "ClusterState", "CapacityError",
 ]

@@ -17,7 +17,7 @@ import numpy as np
 
 __all__ = ["main"]
 
-METHODS = ("gibbs", "splitmerge", "mapdp")
+METHODS = ("gibbs", "splitmerge", "tgmcmc", "mapdp")
 
 
 def _load(path: str | None, labels_path: str | None):
@@ -64,7 +64,7 @@ def _run_gibbs(X, family, alpha, args):
     from numpyro.infer import MCMC
 
     from . import models
-    from .inference import CollapsedGibbs, SplitMerge
+    from .inference import CollapsedGibbs, SplitMerge, TreeGuidedMCMC
 
     def model(X):
         z = numpyro.sample("z", models.Partition(models.DP(alpha), X.shape[0]))
@@ -74,6 +74,9 @@ def _run_gibbs(X, family, alpha, args):
     while True:
         if args.method == "splitmerge":  # the tgMCMC paper's SM baseline: moves + a Gibbs sweep
             kernel = SplitMerge(model, num_split_merge=args.split_merge_moves, capacity=capacity)
+        elif args.method == "tgmcmc":  # the paper's G and D; trees on the host
+            kernel = TreeGuidedMCMC(model, num_global_moves=args.global_moves, depth=args.depth,
+                                    init=args.tgmcmc_init, capacity=capacity)
         else:
             kernel = CollapsedGibbs(model, capacity=capacity)
         mcmc = MCMC(
@@ -178,8 +181,11 @@ def _cluster(args) -> int:
 
     print(f"data      {source}")
     if args.method != "mapdp":
-        moves = f" ({args.split_merge_moves} split-merge moves + 1 Gibbs sweep per iteration)" \
-            if args.method == "splitmerge" else ""
+        moves = {
+            "splitmerge": f" ({args.split_merge_moves} split-merge moves + 1 Gibbs sweep per iteration)",
+            "tgmcmc": f" ({args.global_moves} tree-guided global moves + local moves on n/2^{args.depth} "
+                      f"points per iteration, init {args.tgmcmc_init})",
+        }.get(args.method, "")
         print(f"method    {args.method}{moves}: {args.chains} chain(s), {args.warmup} warm-up + "
               f"{args.samples} draws, DP(alpha={args.alpha}), {args.family}")
     else:
@@ -211,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--labels", help="file of known labels, one per line, to report NMI/ARI")
     c.add_argument("--method", choices=METHODS, default="gibbs",
                    help="gibbs: collapsed Gibbs posterior draws; splitmerge: Jain-Neal split-merge "
-                   "moves + Gibbs sweeps; mapdp: MAP-DP point estimate (default gibbs)")
+                   "moves + Gibbs sweeps; tgmcmc: tree-guided MCMC (Lee & Choi 2015); "
+                   "mapdp: MAP-DP point estimate (default gibbs)")
     c.add_argument("--family", default="normal-wishart",
                    choices=["normal-wishart", "normal-gamma", "beta-bernoulli", "dirichlet-multinomial"],
                    help="likelihood; priors from the data (tgMCMC settings for normal-wishart)")
@@ -224,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MAP-DP without split moves: the paper's algorithm exactly (often one cluster)")
     c.add_argument("--split-merge-moves", type=int, default=10,
                    help="split-merge moves per iteration for --method splitmerge (default 10)")
+    c.add_argument("--global-moves", type=int, default=20,
+                   help="tree-guided global moves per iteration for --method tgmcmc (default 20, the paper's G)")
+    c.add_argument("--depth", type=int, default=2,
+                   help="--method tgmcmc local moves resample n/2^DEPTH points per iteration (default 2)")
+    c.add_argument("--tgmcmc-init", choices=["ibhc", "noisy"], default="ibhc",
+                   help="--method tgmcmc initial partition: IBHC or the paper's noisy trees (default ibhc)")
     c.add_argument("--warmup", type=int, default=100, help="warm-up sweeps per chain (default 100)")
     c.add_argument("--samples", type=int, default=200, help="kept sweeps per chain (default 200)")
     c.add_argument("--capacity", type=int, default=64,
@@ -237,9 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "cluster":
-        for name in ("chains", "warmup", "samples", "capacity", "split_merge_moves"):
-            if getattr(args, name) < (0 if name == "warmup" else 1):
-                raise SystemExit(f"jaxbnp: --{name.replace('_', '-')} must be positive.")
+        for name in ("chains", "warmup", "samples", "capacity", "split_merge_moves",
+                     "global_moves", "depth"):
+            if getattr(args, name) < (0 if name in ("warmup", "global_moves") else 1):
+                bound = "non-negative" if name in ("warmup", "global_moves") else "positive"
+                raise SystemExit(f"jaxbnp: --{name.replace('_', '-')} must be {bound}.")
         if not args.alpha > 0:
             raise SystemExit("jaxbnp: --alpha must be > 0.")
         return _cluster(args)

@@ -46,7 +46,7 @@ def test_cluster_csv_file_and_bad_file(tmp_path):
     assert r.returncode != 0 and "NaN or inf" in r.stderr
 
 
-def test_cluster_splitmerge_and_mapdp(tmp_path, capsys, monkeypatch):
+def test_cluster_splitmerge_tgmcmc_and_mapdp(tmp_path, capsys, monkeypatch):
     """The other methods, in-process (the subprocess path is tested above)."""
     from jaxbnp.cli import main
 
@@ -54,8 +54,11 @@ def test_cluster_splitmerge_and_mapdp(tmp_path, capsys, monkeypatch):
     X = np.r_[rng.normal(-4, 1, (30, 2)), rng.normal(4, 1, (30, 2))]
     np.savetxt(tmp_path / "x.csv", X, delimiter=",")
     monkeypatch.chdir(tmp_path)
-    for method, extra in (("splitmerge", ["--split-merge-moves", "3"]), ("mapdp", ["--mapdp-mode", "batched"])):
-        assert main(["cluster", "x.csv", "--method", method, *extra, "--chains", "1", "--warmup", "5",
+    # tgMCMC starts from IBHC's 11 clusters here and needs about 25 iterations to reach the 2
+    for method, extra in (("splitmerge", ["--split-merge-moves", "3", "--warmup", "5"]),
+                          ("mapdp", ["--mapdp-mode", "batched", "--warmup", "5"]),
+                          ("tgmcmc", ["--global-moves", "10", "--depth", "1", "--warmup", "30"])):
+        assert main(["cluster", "x.csv", "--method", method, *extra, "--chains", "1",
                      "--samples", "10", "--out", method]) == 0
         assert f"method    {method}" in capsys.readouterr().out
         assert json.loads((tmp_path / method / "summary.json").read_text())["clusters_best_draw"] == 2

@@ -66,7 +66,7 @@ def _assert_consistent(model, root):
     for v in root.nodes()[::-1]:  # children before parents
         stats, log_lik, log_h = _direct(model, v.points())
         assert v.size == len(v.points())
-        for got, want in zip(jax.tree.leaves(v.stats), jax.tree.leaves(stats)):
+        for got, want in zip(jax.tree.leaves(model.stats_of(v)), jax.tree.leaves(stats)):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-10)
         if v.is_leaf:
             log_t[id(v)] = log_h
@@ -164,7 +164,7 @@ def test_root_potential_sums_tree_consistent_partitions(name):
     lf = model.leaves()
     root = model.merge(model.merge(lf[0], lf[3]), model.merge(lf[1], model.merge(lf[2], lf[4])))
     subsets = [s for k in range(1, 6) for s in itertools.combinations(range(5), k)]
-    ps = [jax.tree.map(lambda x: np.sum(x[list(s)], 0), model._point_stats) for s in subsets]
+    ps = [np.sum(model._point_stats[list(s)], 0) for s in subsets]
     _, log_h = model._evaluate(ps, [len(s) for s in subsets])
     log_h = dict(zip(subsets, log_h))
     tree_parts = _tree_consistent_partitions(root)
@@ -201,6 +201,34 @@ def _assert_forest(forest):
     for k, t in enumerate(forest.trees):
         assert np.all(forest.labels[t.points()] == k)
         _assert_consistent(model, t)
+
+
+def _shape(v):
+    return v.index if v.is_leaf else (_shape(v.left), _shape(v.right))
+
+
+@pytest.mark.parametrize("name", ["nggp", "normal_wishart"])
+def test_sequential_tree_jax_equals_host_seq_insert(name):
+    """The jitted SeqInsert builder makes the same tree (shape, masks, potentials) as the host."""
+    rng = np.random.default_rng(3)
+    X = np.concatenate([rng.normal(0.0, 1.0, (20, 2)), rng.normal(4.0, 1.0, (20, 2))])
+    if name == "nggp":
+        model = ib.TreeModel(X, NGGP(1.0, 0.4), FAMILY, 0.8)
+    else:
+        model = ib.TreeModel(X, DP(1.0), NormalWishart.from_data(X))
+    for size in (1, 2, 9, 40):
+        points = rng.permutation(40)[:size]
+        fast = ib.sequential_tree_jax(model, points)
+        slow = model.leaf(points[0])
+        for i in points[1:]:
+            slow = ib.seq_insert(model, slow, model.leaf(i))
+        assert _shape(fast) == _shape(slow)
+        for a, b in zip(fast.nodes(), slow.nodes()):
+            assert a.mask == b.mask and a.size == b.size
+            np.testing.assert_allclose([a.log_lik, a.log_h, a.log_t], [b.log_lik, b.log_h, b.log_t],
+                                       rtol=1e-10, atol=1e-10)
+            np.testing.assert_allclose(a.stats, b.stats, rtol=1e-12, atol=1e-12)
+        _assert_consistent(model, fast)
 
 
 @pytest.mark.parametrize("name", ["dp_u0", "nggp"])

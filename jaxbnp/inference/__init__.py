@@ -3,8 +3,9 @@
 from .clusters import CapacityError, ClusterState
 from .kernels import CollapsedGibbs, CollapsedGibbsState, collapsed_gibbs_fn
 from .split_merge import SplitMerge
+from .tgmcmc import TreeGuidedMCMC
 
 __all__ = [
     "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn",
-    "SplitMerge",
+    "SplitMerge", "TreeGuidedMCMC",
 ]

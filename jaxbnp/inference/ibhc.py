@@ -56,6 +56,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -76,6 +77,7 @@ __all__ = [
     "StocInsertResult",
     "seq_insert",
     "sequential_tree",
+    "sequential_tree_jax",
     "cut_tree",
     "ibhc",
     "bhc",
@@ -91,13 +93,39 @@ __all__ = [
 ]
 
 _MIN_BATCH = 4
+#: SeqInsert into a tree of at most this many leaves evaluates all unions in one call
+_BULK_LEAVES = 256
 
 
 # ----------------------------------------------------------------------------- batched JAX math
-@jax.jit
-def _log_potentials_batch(measure, family, u, sizes, stats):
-    """``log P(X_c)`` and ``log κ(|c|, u)`` for a batch of candidate clusters."""
-    return family.log_marginal(stats), measure.log_kappa(sizes, u)
+class _Unpack(NamedTuple):
+    """Static description of the packed statistics: ``(B, P)`` rows back to the family's pytree."""
+
+    treedef: Any
+    shapes: tuple
+
+    def __call__(self, packed):
+        out, start = [], 0
+        for shape in self.shapes:
+            size = int(np.prod(shape, dtype=np.int64))
+            out.append(packed[..., start:start + size].reshape(packed.shape[:-1] + shape))
+            start += size
+        return jax.tree.unflatten(self.treedef, out)
+
+
+def _pack(stats) -> tuple[np.ndarray, _Unpack]:
+    """Family statistics with a leading point axis as one float64 ``(n, P)`` array."""
+    leaves, treedef = jax.tree.flatten(stats)
+    leaves = [np.asarray(x, dtype=np.float64) for x in leaves]
+    n = leaves[0].shape[0]
+    packed = np.concatenate([x.reshape(n, -1) for x in leaves], axis=1)
+    return packed, _Unpack(treedef, tuple(x.shape[1:] for x in leaves))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _log_marginal_batch(unpack, family, packed):
+    """``log P(X_c)`` for a batch of candidate clusters given as packed statistics."""
+    return family.log_marginal(unpack(packed))
 
 
 @jax.jit
@@ -111,15 +139,22 @@ def _padded_length(k: int) -> int:
 
 
 def _tree_add(a, b):
-    return jax.tree.map(np.add, a, b)
+    """Statistics of a union (node statistics are packed float64 vectors)."""
+    return a + b
 
 
 def _tree_stack(items: Sequence[Any]):
     """Stack per-node statistics into one batch (leading axis = nodes)."""
-    return jax.tree.map(lambda *xs: np.stack(xs), *items)
+    return np.stack(items)
 
 
 def _logsumexp(a: np.ndarray) -> float:
+    if len(a) <= 32:  # plain floats: NumPy's per-call overhead dominates short vectors
+        vals = [float(x) for x in a]
+        m = max(vals)
+        if not math.isfinite(m):
+            return m
+        return m + math.log(math.fsum(math.exp(v - m) for v in vals))
     m = float(np.max(a))
     if not math.isfinite(m):
         return m
@@ -153,6 +188,10 @@ class Node:
         ``log P(X_c)``, ``log φ(X_c|h_c)`` and ``log φ(X_c|t_c)``.
     left, right, parent : Node or None
         Children (both ``None`` for a leaf) and parent (``None`` for a root).
+    mask : int
+        The leaf set as a bitmask (bit ``i`` set iff point ``i`` is a leaf
+        below): the key of ``TreeModel``'s memo of ``log P(X_c)`` and a cheap
+        set test for the global moves.
     """
 
     index: int
@@ -164,6 +203,7 @@ class Node:
     left: "Node | None" = None
     right: "Node | None" = None
     parent: "Node | None" = None
+    mask: int = 0
 
     @property
     def is_leaf(self) -> bool:
@@ -272,13 +312,19 @@ class TreeModel:
         self.u = self._check_u(u)
         self.X = check_data(X, family=family)
         n = self.X.shape[0]
-        self._point_stats = jax.tree.map(
-            lambda s: np.asarray(s, dtype=np.float64), family.point_stats(self.X)
-        )
+        # per-point statistics packed into one float64 (n, P) array (node statistics
+        # are rows of that layout: a union is a vector sum)
+        self._point_stats, self._unpack = _pack(family.point_stats(self.X))
+        # log κ(m, u) for m = 0..n (entry 0 unused), refreshed by set_u
+        self._log_kappa_table = self._kappa_table()
         self._leaf_log_lik, self._leaf_log_h = self._evaluate_stacked(
             self._point_stats, np.ones(n)
         )
         self._next_index = n
+        # memo of log P(X_c) keyed by the leaf bitmask (independent of u); bounded
+        # to about 64 MB of keys, then cleared
+        self._lik_memo: dict[int, float] = {}
+        self._memo_limit = max(10_000, int(5e8 // max(n, 1)))
 
     # -- validation -------------------------------------------------------------------
     def _check_u(self, u: Any) -> float:
@@ -301,35 +347,67 @@ class TreeModel:
     def num_points(self) -> int:
         return int(self.X.shape[0])
 
+    def _kappa_table(self) -> np.ndarray:
+        sizes = np.arange(self.num_points + 1, dtype=np.float64)
+        sizes[0] = 1.0
+        return self.log_kappa(sizes)
+
     # -- batched evaluation -------------------------------------------------------------
+    def stats_of(self, node: "Node"):
+        """A node's sufficient statistics as the family's pytree (nodes store them packed)."""
+        return self._unpack(node.stats)
+
     def _evaluate_stacked(self, stats, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(log P(X_c), log φ(X_c|h_c))`` for stacked statistics, padded to a power of two."""
+        """``(log P(X_c), log φ(X_c|h_c))`` for packed ``(k, P)`` statistics (batch padded to a power of two)."""
         k = len(sizes)
         length = _padded_length(k)
         if length > k:
-            stats = jax.tree.map(
-                lambda s: np.concatenate([s, np.repeat(s[:1], length - k, axis=0)]), stats
-            )
-            sizes = np.concatenate([sizes, np.ones(length - k)])
-        log_lik, log_kappa = _log_potentials_batch(
-            self.measure, self.family, self.u, np.asarray(sizes, dtype=np.float64), stats
-        )
-        log_lik = np.asarray(log_lik, dtype=np.float64)[:k]
-        log_kappa = np.asarray(log_kappa, dtype=np.float64)[:k]
-        return log_lik, log_kappa + log_lik
+            stats = np.concatenate([stats, np.repeat(stats[:1], length - k, axis=0)])
+        log_lik = np.asarray(_log_marginal_batch(self._unpack, self.family, stats), dtype=np.float64)[:k]
+        sizes = np.asarray(sizes).astype(np.int64)
+        return log_lik, self._log_kappa_table[sizes] + log_lik
 
-    def _evaluate(self, stats_list: Sequence[Any], sizes: Sequence[int]):
-        """``(log P, log φ(h))`` of a list of per-node statistics (one JAX call)."""
+    def _evaluate(self, stats_list: Sequence[Any], sizes: Sequence[int], masks=None):
+        """``(log P, log φ(h))`` of a list of per-node statistics (at most one JAX call).
+
+        With ``masks`` (the leaf bitmasks), ``log P`` is looked up in / stored
+        into the memo and only the misses are evaluated.
+        """
         if len(stats_list) == 0:
             return np.zeros(0), np.zeros(0)
-        return self._evaluate_stacked(
-            _tree_stack(stats_list), np.asarray(sizes, dtype=np.float64)
-        )
+        sizes = np.asarray(sizes, dtype=np.int64)
+        if masks is None:
+            return self._evaluate_stacked(_tree_stack(stats_list), sizes.astype(np.float64))
+        memo = self._lik_memo
+        log_lik = np.empty(len(sizes))
+        missing = []
+        for k, m in enumerate(masks):
+            v = memo.get(m)
+            if v is None:
+                missing.append(k)
+            else:
+                log_lik[k] = v
+        if missing:
+            fresh, _ = self._evaluate_stacked(
+                _tree_stack([stats_list[k] for k in missing]), sizes[missing].astype(np.float64)
+            )
+            if len(memo) + len(missing) > self._memo_limit:
+                memo.clear()
+            for k, v in zip(missing, fresh):
+                log_lik[k] = v
+                memo[masks[k]] = float(v)
+        return log_lik, self._log_kappa_table[sizes] + log_lik
 
     def _union_potentials(self, s: Node, others: Sequence[Node]):
-        """``(log P, log φ(h))`` of ``s ∪ o`` for every ``o`` in ``others`` (one JAX call)."""
+        """``(log P, log φ(h))`` of ``s ∪ o`` for every ``o`` in ``others`` (memo, then one JAX call)."""
+        masks = [o.mask | s.mask for o in others]
+        memo = self._lik_memo
+        if all(m in memo for m in masks):
+            log_lik = np.array([memo[m] for m in masks])
+            sizes = np.array([o.size + s.size for o in others], dtype=np.int64)
+            return log_lik, self._log_kappa_table[sizes] + log_lik
         return self._evaluate(
-            [_tree_add(o.stats, s.stats) for o in others], [o.size + s.size for o in others]
+            [_tree_add(o.stats, s.stats) for o in others], [o.size + s.size for o in others], masks
         )
 
     def log_kappa(self, sizes: Any) -> np.ndarray:
@@ -345,9 +423,9 @@ class TreeModel:
         i = int(i)
         if not 0 <= i < self.num_points:
             raise ValueError(f"point index {i} out of range [0, {self.num_points}).")
-        stats = jax.tree.map(lambda s: s[i], self._point_stats)
+        stats = self._point_stats[i]
         log_h = float(self._leaf_log_h[i])
-        return Node(i, 1, stats, float(self._leaf_log_lik[i]), log_h, log_h)
+        return Node(i, 1, stats, float(self._leaf_log_lik[i]), log_h, log_h, mask=1 << i)
 
     def leaves(self) -> list[Node]:
         """One leaf per data point, in row order."""
@@ -363,6 +441,7 @@ class TreeModel:
             float(np.logaddexp(log_h, a.log_t + b.log_t)),
             left=a,
             right=b,
+            mask=a.mask | b.mask,
         )
         self._next_index += 1
         a.parent = node
@@ -397,10 +476,11 @@ class TreeModel:
         Trees not passed keep potentials for the old ``u``.
         """
         self.u = self._check_u(u)
+        self._log_kappa_table = self._kappa_table()
         nodes = [v for t in trees for v in t.nodes()]
         if not nodes:
             return
-        log_kappa = self.log_kappa([v.size for v in nodes])
+        log_kappa = self._log_kappa_table[np.array([v.size for v in nodes], dtype=np.int64)]
         for v, lk in zip(nodes, log_kappa):
             v.log_h = float(lk) + v.log_lik
         for t in trees:
@@ -420,14 +500,29 @@ def _seq_insert(
     _require_root(s, "s")
     if root is s:
         raise ValueError("cannot insert a tree into itself.")
-    if top is None:
+    bulk = None
+    if 2 <= root.size <= _BULK_LEAVES:
+        # small tree: the unions of s with every node in one JAX call (instead of one
+        # call per level); the descent below then only reads them
+        nodes = root.nodes()
+        ll, lh = model._evaluate_stacked(
+            np.stack([v.stats for v in nodes]) + s.stats,
+            np.array([v.size for v in nodes], dtype=np.int64) + s.size,
+        )
+        bulk = {id(v): (a, b) for v, a, b in zip(nodes, ll.tolist(), lh.tolist())}
+        top = bulk[id(root)]
+    elif top is None:
         log_lik, log_h = model._union_potentials(s, [root])
         top = (float(log_lik[0]), float(log_h[0]))
     c, current = root, top
     chain: list[tuple[Node, tuple[float, float]]] = []
     while not c.is_leaf:
         l, r = c.left, c.right
-        log_lik, log_h = model._union_potentials(s, [l, r])
+        if bulk is None:
+            log_lik, log_h = model._union_potentials(s, [l, r])
+        else:
+            (ll_l, lh_l), (ll_r, lh_r) = bulk[id(l)], bulk[id(r)]
+            log_lik, log_h = (ll_l, ll_r), (lh_l, lh_r)
         log_d_lr = c.log_d
         log_d_ls = l.log_t + s.log_t - log_h[0]
         log_d_rs = r.log_t + s.log_t - log_h[1]
@@ -450,6 +545,7 @@ def _seq_insert(
     for node, (log_lik_new, log_h_new) in reversed(chain):
         node.stats = _tree_add(node.stats, s.stats)
         node.size += s.size
+        node.mask |= s.mask
         node.log_lik = log_lik_new
         node.log_h = log_h_new
         node.log_t = float(np.logaddexp(log_h_new, node.left.log_t + node.right.log_t))
@@ -514,13 +610,14 @@ def cascade(model: TreeModel, trees: Sequence[Node]) -> Node:
     ordered = sorted(trees, key=lambda t: t.index)
     if len(ordered) == 1:
         return ordered[0]
-    prefix_stats, sizes = [], []
-    stats, size = ordered[0].stats, ordered[0].size
+    prefix_stats, sizes, masks = [], [], []
+    stats, size, mask = ordered[0].stats, ordered[0].size, ordered[0].mask
     for t in ordered[1:]:
-        stats, size = _tree_add(stats, t.stats), size + t.size
+        stats, size, mask = _tree_add(stats, t.stats), size + t.size, mask | t.mask
         prefix_stats.append(stats)
         sizes.append(size)
-    log_lik, log_h = model._evaluate(prefix_stats, sizes)
+        masks.append(mask)
+    log_lik, log_h = model._evaluate(prefix_stats, sizes, masks)
     tree = ordered[0]
     for k, t in enumerate(ordered[1:]):
         tree = model._join(tree, t, log_lik[k], log_h[k])
@@ -555,9 +652,12 @@ def detach(model: TreeModel, node: Node) -> Node | None:
     while v is not None:
         v.stats = _tree_add(v.left.stats, v.right.stats)
         v.size = v.left.size + v.right.size
+        v.mask = v.left.mask | v.right.mask
         ancestors.append(v)
         v = v.parent
-    log_lik, log_h = model._evaluate([v.stats for v in ancestors], [v.size for v in ancestors])
+    log_lik, log_h = model._evaluate(
+        [v.stats for v in ancestors], [v.size for v in ancestors], [v.mask for v in ancestors]
+    )
     for v, ll, lh in zip(ancestors, log_lik, log_h):
         v.log_lik, v.log_h = float(ll), float(lh)
     _recompute_bottom_up(ancestors)
@@ -568,7 +668,7 @@ def copy_tree(root: Node) -> Node:
     """Deep copy of the subtree at ``root`` (statistics arrays are shared: they are never edited in place)."""
     mapping: dict[int, Node] = {}
     for v in root.nodes():
-        w = Node(v.index, v.size, v.stats, v.log_lik, v.log_h, v.log_t)
+        w = Node(v.index, v.size, v.stats, v.log_lik, v.log_h, v.log_t, mask=v.mask)
         mapping[id(v)] = w
         if v is not root and id(v.parent) in mapping:
             w.parent = mapping[id(v.parent)]
@@ -660,6 +760,152 @@ def sequential_tree(model: TreeModel, order: Any = None) -> Node:
     for i in order[1:]:
         root = seq_insert(model, root, model.leaf(i))
     return root
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _sequential_tree_arrays(unpack, family, log_kappa_table, points, count):
+    """SeqInsert of ``points[0], points[1], ...`` (the first ``count`` rows) into one tree, in JAX.
+
+    ``points`` ``(cap, P)`` are packed per-point statistics. Node ``k < cap`` is
+    the leaf of row ``k``; inserting row ``k >= 1`` creates node ``cap + k - 1``.
+    The same comparisons and ties as ``seq_insert`` (case 1, then left).
+    Returns ``(left, right, root, log_lik, log_h, log_t)``.
+    """
+    import jax.numpy as jnp
+    from jax import lax
+
+    cap, _ = points.shape
+    num_nodes = 2 * cap - 1
+    dtype = points.dtype
+    leaf_lik = family.log_marginal(unpack(points)).astype(dtype)
+    table = log_kappa_table.astype(dtype)
+    pad = jnp.zeros((num_nodes - cap,), dtype)
+    stats = jnp.concatenate([points, jnp.zeros((num_nodes - cap, points.shape[1]), dtype)])
+    size = jnp.concatenate([jnp.ones(cap, jnp.int32), jnp.zeros(num_nodes - cap, jnp.int32)])
+    log_lik = jnp.concatenate([leaf_lik, pad])
+    log_h = jnp.concatenate([table[1] + leaf_lik, pad])
+    log_t = log_h
+    minus = -jnp.ones(num_nodes, jnp.int32)
+    left, right, parent = minus, minus, minus
+
+    def lik_of(st):
+        return family.log_marginal(unpack(st)).astype(dtype)
+
+    def insert(k, carry):
+        left, right, parent, stats, size, log_lik, log_h, log_t, root = carry
+        s_stats, s_t = stats[k], log_t[k]
+        top_lik = lik_of((stats[root] + s_stats)[None])[0]
+        top_h = table[size[root] + 1] + top_lik
+        path = jnp.zeros(cap, jnp.int32)
+        path_lik = jnp.zeros(cap, dtype)
+        path_h = jnp.zeros(cap, dtype)
+
+        def cond(c):
+            node, done = c[0], c[-1]
+            return (~done) & (left[node] >= 0)
+
+        def body(c):
+            node, cur_lik, cur_h, depth, path, path_lik, path_h, _ = c
+            l, r = left[node], right[node]
+            liks = lik_of(jnp.stack([stats[l] + s_stats, stats[r] + s_stats]))
+            h_l = table[size[l] + 1] + liks[0]
+            h_r = table[size[r] + 1] + liks[1]
+            d_lr = log_t[l] + log_t[r] - log_h[node]
+            d_ls = log_t[l] + s_t - h_l
+            d_rs = log_t[r] + s_t - h_r
+            stop = d_lr <= jnp.minimum(d_ls, d_rs)  # case 1: s goes on top of node
+            go_left = d_ls <= d_rs
+            path = jnp.where(stop, path, path.at[depth].set(node))
+            path_lik = jnp.where(stop, path_lik, path_lik.at[depth].set(cur_lik))
+            path_h = jnp.where(stop, path_h, path_h.at[depth].set(cur_h))
+            return (
+                jnp.where(stop, node, jnp.where(go_left, l, r)),
+                jnp.where(stop, cur_lik, jnp.where(go_left, liks[0], liks[1])),
+                jnp.where(stop, cur_h, jnp.where(go_left, h_l, h_r)),
+                jnp.where(stop, depth, depth + 1),
+                path, path_lik, path_h,
+                stop,
+            )
+
+        init = (root, top_lik, top_h, jnp.int32(0), path, path_lik, path_h, jnp.bool_(False))
+        node, cur_lik, cur_h, depth, path, path_lik, path_h, _ = lax.while_loop(cond, body, init)
+        j = cap + k - 1
+        p = parent[node]
+        left = left.at[j].set(node)
+        right = right.at[j].set(k)
+        parent = parent.at[j].set(p).at[node].set(j).at[k].set(j)
+        left = jnp.where((p >= 0) & (left[jnp.maximum(p, 0)] == node), left.at[jnp.maximum(p, 0)].set(j), left)
+        right = jnp.where((p >= 0) & (right[jnp.maximum(p, 0)] == node), right.at[jnp.maximum(p, 0)].set(j), right)
+        stats = stats.at[j].set(stats[node] + s_stats)
+        size = size.at[j].set(size[node] + 1)
+        log_lik = log_lik.at[j].set(cur_lik)
+        log_h = log_h.at[j].set(cur_h)
+        log_t = log_t.at[j].set(jnp.logaddexp(cur_h, log_t[node] + s_t))
+        root = jnp.where(p < 0, j, root)
+
+        def update(i, c):
+            stats, size, log_lik, log_h, log_t = c
+            v = path[depth - 1 - i]
+            stats = stats.at[v].add(s_stats)
+            size = size.at[v].add(1)
+            log_lik = log_lik.at[v].set(path_lik[depth - 1 - i])
+            log_h = log_h.at[v].set(path_h[depth - 1 - i])
+            log_t = log_t.at[v].set(jnp.logaddexp(log_h[v], log_t[left[v]] + log_t[right[v]]))
+            return stats, size, log_lik, log_h, log_t
+
+        stats, size, log_lik, log_h, log_t = lax.fori_loop(
+            0, depth, update, (stats, size, log_lik, log_h, log_t)
+        )
+        return left, right, parent, stats, size, log_lik, log_h, log_t, root
+
+    carry = (left, right, parent, stats, size, log_lik, log_h, log_t, jnp.int32(0))
+    left, right, parent, stats, size, log_lik, log_h, log_t, root = lax.fori_loop(
+        1, count, insert, carry
+    )
+    return left, right, root, log_lik, log_h, log_t
+
+
+def sequential_tree_jax(model: TreeModel, points: Any) -> Node:
+    """``SeqInsert`` of ``points`` (data indices, in the given order) into one tree, built in JAX.
+
+    The same tree as ``seq_insert`` one point at a time on the host (same
+    comparisons and ties), in one jitted call: the points are padded to a
+    power-of-two capacity of at least 64 (one compilation per capacity). Potentials are
+    those of ``model`` (its family, measure and ``u``); with float32 JAX the
+    comparisons are made in float32. Returns the root of new host ``Node``s.
+    """
+    pts = np.asarray(points, dtype=np.int64)
+    count = int(pts.size)
+    if count == 0:
+        raise ValueError("sequential_tree_jax needs at least one point.")
+    if count == 1:
+        return model.leaf(int(pts[0]))
+    cap = max(64, 1 << (count - 1).bit_length())
+    packed = model._point_stats[np.concatenate([pts, np.repeat(pts[:1], cap - count)])]
+    out = _sequential_tree_arrays(
+        model._unpack, model.family, model._log_kappa_table, packed, np.int32(count)
+    )
+    left, right, root, log_lik, log_h, log_t = (np.asarray(a) for a in out)
+    nodes: dict[int, Node] = {}
+    stack = [(int(root), False)]
+    while stack:  # post-order: children before parents
+        j, expanded = stack.pop()
+        if j < cap:
+            nodes[j] = model.leaf(int(pts[j]))
+        elif not expanded:
+            stack.append((j, True))
+            stack.append((int(right[j]), False))
+            stack.append((int(left[j]), False))
+        else:
+            a, b = nodes[int(left[j])], nodes[int(right[j])]
+            node = Node(
+                model._next_index, a.size + b.size, a.stats + b.stats, float(log_lik[j]),
+                float(log_h[j]), float(log_t[j]), left=a, right=b, mask=a.mask | b.mask,
+            )
+            model._next_index += 1
+            a.parent = b.parent = node
+            nodes[j] = node
+    return nodes[int(root)]
 
 
 def ibhc(

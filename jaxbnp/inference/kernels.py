@@ -43,7 +43,10 @@ from .clusters import (
     ClusterState, canonical_labels, cluster_log_joint, clusters_from_labels, raise_if_overflow,
 )
 
-__all__ = ["CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn", "ModelSpec"]
+__all__ = [
+    "CollapsedGibbs", "CollapsedGibbsState", "MoveStatsKernel", "MoveStatsState", "collapsed_gibbs_fn",
+    "ModelSpec",
+]
 
 #: capacity used when ``capacity=None`` and the data have more points than this
 DEFAULT_CAPACITY = 128
@@ -267,6 +270,7 @@ class CollapsedGibbs(MCMCKernel):
         z0 = dict(init_params or {})
         tr = _trace_model(self._model, z0, model_args, model_kwargs, fill_partition=True)
         spec = _find_spec(tr, self._update_hyperparameters)
+        self._validate_trace(tr, spec)
         obs = tr[spec.observation_site]
         X = obs["value"]
         if not isinstance(X, jax.core.Tracer):
@@ -323,14 +327,9 @@ class CollapsedGibbs(MCMCKernel):
                     f"init_params['{spec.partition_site}'] has {int(labels.max()) + 1} clusters "
                     f"but capacity is {capacity}; pass capacity >= that."
                 )
-        elif self._init_strategy == "one":
-            labels = jnp.zeros(n, jnp.int32)
-        elif self._init_strategy == "singletons":
-            if capacity < n:
-                raise ValueError(f"init_strategy='singletons' needs capacity >= n = {n}.")
-            labels = jnp.arange(n, dtype=jnp.int32)
         else:
-            labels = measure.sample_partition(k_labels, n)
+            u0 = z.get(spec.u_site, jnp.ones(())) if spec.u_site is not None else jnp.ones(())
+            labels = self._init_labels(k_labels, params, measure, family, X, u0, capacity)
         # a prior draw with more clusters than slots is an error, not a truncation
         overflow = labels.max() >= capacity
         labels = jnp.where(labels < capacity, labels, 0)
@@ -341,6 +340,20 @@ class CollapsedGibbs(MCMCKernel):
         u = z.get(spec.u_site, jnp.ones(()))
         lj = cluster_log_joint(clusters, measure, family, u)
         return CollapsedGibbsState(z, clusters, lj, clusters.num_clusters, key)
+
+    def _init_labels(self, key, params, measure, family, X, u, capacity):
+        """Initial labels when ``init_params`` has none (subclasses add strategies)."""
+        n = X.shape[0]
+        if self._init_strategy == "one":
+            return jnp.zeros(n, jnp.int32)
+        if self._init_strategy == "singletons":
+            if capacity < n:
+                raise ValueError(f"init_strategy='singletons' needs capacity >= n = {n}.")
+            return jnp.arange(n, dtype=jnp.int32)
+        return measure.sample_partition(key, n)
+
+    def _validate_trace(self, model_trace, spec: ModelSpec) -> None:
+        """Hook: subclasses reject models they cannot handle (called before anything compiles)."""
 
     def _sample_one(self, state, model_args, model_kwargs):
         spec = self._spec
@@ -424,6 +437,75 @@ class CollapsedGibbs(MCMCKernel):
         d = self.__dict__.copy()
         d["_sample_fn"] = None
         return d
+
+
+class MoveStatsState(NamedTuple):
+    """State of kernels with Metropolis-Hastings moves (``SplitMerge``, ``TreeGuidedMCMC``):
+    the fields of :class:`CollapsedGibbsState` plus
+
+    chain_id: an id derived from the chain's initial key (keys host-side state per chain).
+    num_accepted: MH moves accepted in the last iteration.
+    num_proposed: MH moves proposed in the last iteration.
+    mean_log_accept: mean of ``log min(1, r)`` over the last iteration's proposals
+        (the tgMCMC paper's "average log acceptance ratio"; 0 when none; proposals
+        with ``r = 0``, e.g. a tree-guided merge that cannot be split back, are
+        counted in ``num_proposed`` but left out of the mean).
+    """
+
+    z: dict
+    clusters: ClusterState
+    log_joint: jax.Array
+    num_clusters: jax.Array
+    rng_key: jax.Array
+    chain_id: jax.Array
+    num_accepted: jax.Array
+    num_proposed: jax.Array
+    mean_log_accept: jax.Array
+
+
+def _chain_id(key: jax.Array) -> jax.Array:
+    """A chain's id: 31 bits derived from its initial key (distinct chains, distinct ids)."""
+    bits = jax.random.bits(jax.random.fold_in(key, 0x7467), (), jnp.uint32)
+    return (bits >> 1).astype(jnp.int32)
+
+
+class MoveStatsKernel(CollapsedGibbs):
+    """``CollapsedGibbs`` whose state also carries MH move statistics (:class:`MoveStatsState`).
+
+    Subclasses' ``_core_step`` reads ``self._chain_id`` and sets
+    ``self._move_stats = (num_accepted, num_proposed, mean_log_accept)``
+    while the step is traced.
+    """
+
+    def _init_one(self, key, params, hyper0, model_args, model_kwargs):
+        base = super()._init_one(key, params, hyper0, model_args, model_kwargs)
+        zero = jnp.zeros((), jnp.int32)
+        return MoveStatsState(
+            *base, chain_id=_chain_id(key), num_accepted=zero, num_proposed=zero,
+            mean_log_accept=jnp.zeros((), base.log_joint.dtype),
+        )
+
+    def _sample_one(self, state, model_args, model_kwargs):
+        self._chain_id = state.chain_id
+        zero = jnp.zeros((), jnp.int32)
+        self._move_stats = (zero, zero, jnp.zeros((), jnp.float32))
+        out = super()._sample_one(CollapsedGibbsState(*state[:5]), model_args, model_kwargs)
+        accepted, proposed, mean_log = self._move_stats
+        self._chain_id = self._move_stats = None
+        return MoveStatsState(
+            *out, chain_id=state.chain_id, num_accepted=jnp.asarray(accepted, jnp.int32),
+            num_proposed=jnp.asarray(proposed, jnp.int32),
+            mean_log_accept=jnp.asarray(mean_log).astype(out.log_joint.dtype),
+        )
+
+    def refresh(self, state, model_args, model_kwargs):
+        base = super().refresh(CollapsedGibbsState(*state[:5]), model_args, model_kwargs)
+        return state._replace(log_joint=base.log_joint)
+
+    def get_diagnostics_str(self, state):
+        acc = int(np.sum(np.asarray(state.num_accepted)))
+        prop = int(np.sum(np.asarray(state.num_proposed)))
+        return f"K={int(np.max(np.asarray(state.num_clusters)))} acc={acc}/{prop}"
 
 
 def collapsed_gibbs_fn(

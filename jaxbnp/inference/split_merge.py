@@ -65,7 +65,7 @@ from ..models.measures import Measure
 from . import gibbs as gibbs_core
 from .clusters import ClusterState, first_free_slot
 from .gibbs import _packer
-from .kernels import CollapsedGibbs
+from .kernels import MoveStatsKernel
 
 __all__ = ["SplitMergeInfo", "split_merge_move", "split_merge_move_info", "SplitMerge"]
 
@@ -328,7 +328,7 @@ def split_merge_move(
     )[0]
 
 
-class SplitMerge(CollapsedGibbs):
+class SplitMerge(MoveStatsKernel):
     """Jain & Neal (2004) split-merge sampler (the tgMCMC paper's "SM") as a NumPyro kernel.
 
     Each iteration does ``num_split_merge`` split-merge moves
@@ -348,6 +348,11 @@ class SplitMerge(CollapsedGibbs):
     :param capacity, init_strategy, update_hyperparameters, chain_batching:
         as for :class:`CollapsedGibbs`. A split that needs a slot when all are
         used raises ``CapacityError``.
+
+    Extra fields (``MCMC.run(..., extra_fields=...)``): ``log_joint``,
+    ``num_clusters``, and per iteration ``num_accepted``, ``num_proposed``
+    (= ``num_split_merge``) and ``mean_log_accept`` (mean ``log min(1, r)``
+    over the iteration's moves).
 
     Example: ``MCMC(SplitMerge(model, num_split_merge=10), num_warmup=100,
     num_samples=1000).run(key, X)``; see the module docstring.
@@ -392,13 +397,21 @@ class SplitMerge(CollapsedGibbs):
         clusters, u = state.clusters, state.u
         if self._num_split_merge:
             move_keys = jax.random.split(k_moves, self._num_split_merge)
-            clusters = lax.fori_loop(
-                0,
-                self._num_split_merge,
-                lambda t, c: split_merge_move(
+
+            def move(t, carry):
+                c, accepted, log_accept = carry
+                c, info = split_merge_move_info(
                     move_keys[t], c, X, measure, family, u, self._num_restricted_scans
-                ),
-                clusters,
+                )
+                return (c, accepted + info.accepted.astype(jnp.int32),
+                        log_accept + jnp.minimum(info.log_ratio, 0.0).astype(jnp.float32))
+
+            zero = jnp.zeros((), jnp.float32)
+            clusters, accepted, log_accept = lax.fori_loop(
+                0, self._num_split_merge, move, (clusters, jnp.zeros((), jnp.int32), zero)
+            )
+            self._move_stats = (
+                accepted, jnp.int32(self._num_split_merge), log_accept / self._num_split_merge
             )
         if self._gibbs_sweeps:
             sweep_keys = jax.random.split(k_sweeps, self._gibbs_sweeps)

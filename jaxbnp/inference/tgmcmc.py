@@ -1,0 +1,649 @@
+"""Tree-guided MCMC (tgMCMC, Lee & Choi 2015) for DP and NGGP mixtures (MATH.md §1, §2, §4).
+
+Each iteration runs ``num_global_moves`` global moves (tree-guided split and
+merge proposals, supplement B.1-B.5, accepted by Metropolis-Hastings), then
+local moves (collapsed Gibbs updates of a random subset of points), then, for
+NGGP, a slice update of ``u`` (and optionally ``alpha``/``sigma``).
+
+The global moves run on the host: the IBHC trees live in NumPy
+(:mod:`jaxbnp.inference.ibhc`), one store per chain keyed by a chain id, and
+one ``jax.experimental.io_callback`` per iteration runs all
+``num_global_moves`` moves of that chain. Their likelihood terms are
+evaluated by jit-compiled, batched JAX functions (``TreeModel``), memoised by
+leaf set. The local moves, the ``u`` update and the log joint run in jitted
+JAX on the device.
+
+Exactness: the trees are a function of the partition
+--------------------------------------------------------
+The paper keeps trees as a part of the state that depends on the history
+(the merge move builds a cascaded tree that the reverse split does not
+restore), and selects the local-move points by ``SampleSub`` on those trees,
+which depends on the points' own assignments. Neither leaves ``p(Π | X)``
+exactly invariant. Here:
+
+* every cluster ``c`` has a **canonical tree** ``t(c)``: ``SeqInsert`` of its
+  points in increasing index order (IBHC without splits), with the tree
+  *shape* built under the measure, family and ``u`` the chain started with
+  and the potentials evaluated under the current ones. A cluster's tree is
+  therefore a function of its point set only, cached by the point set.
+* the proposal probability ``q(Π* | Π)`` is the **total** probability of
+  reaching ``Π*``, summed over every internal node ``c*`` whose cut followed
+  by ``StocInsert`` yields ``Π*`` (for each such ``c*`` the insertions are
+  forced); a merge's probability sums over which of the merged clusters was
+  picked first (paper eq. 11). ``q(Π | Π*)`` is computed the same way on
+  the canonical trees of ``Π*``. With these the global moves are an exact MH
+  chain on partitions (checked against enumeration in ``tests/exact``).
+* the local moves update a uniformly random subset of ``ceil(n / 2**depth)``
+  points by collapsed Gibbs (a subset drawn independently of the state keeps
+  each update exact); the paper instead collects the leaves of ``depth``-fold
+  ``SampleSub`` subtrees, which is not invariant.
+
+Everything else follows the paper and supplement: pick a cluster uniformly,
+put each other cluster into ``M`` with probability ``1/(1 + d)``; split (B.2)
+when ``M`` is empty by ``SampleSub`` on internal nodes, a cut, and
+``StocInsert`` of the cut-off subtrees nearest first; merge (B.3) otherwise.
+
+Example
+-------
+>>> import jax, numpyro, jaxbnp as bnp
+>>> from numpyro.infer import MCMC
+>>> def model(X):
+...     z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+...     numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(), z), obs=X)
+>>> X = jax.numpy.array([[-2.0], [-2.1], [2.0], [2.2], [2.1]])
+>>> kernel = bnp.TreeGuidedMCMC(model, num_global_moves=5)
+>>> mcmc = MCMC(kernel, num_warmup=5, num_samples=5, progress_bar=False)
+>>> mcmc.run(jax.random.key(0), X)
+>>> mcmc.get_samples()["z"].shape
+(5, 5)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+import zlib
+from collections import OrderedDict
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from ..models.families import Family
+from ..models.measures import DP, NGGP
+from . import gibbs as gibbs_core
+from .clusters import canonical_labels, clusters_from_labels
+from .ibhc import (
+    Node,
+    TreeModel,
+    _logsumexp,
+    _recompute_bottom_up,
+    _sample_index,
+    _sample_sub_log_probs,
+    copy_tree,
+    cut_at,
+    ibhc,
+    seq_insert,
+    sequential_tree_jax,
+    stoc_insert,
+    stoc_insert_log_prob,
+)
+from .kernels import MoveStatsKernel, MoveStatsState, _chain_id
+
+__all__ = [
+    "TreeGuidedMCMC",
+    "TreeGuidedState",
+    "TreeGuidedHost",
+    "GlobalMoveInfo",
+    "mask_of",
+    "points_of",
+]
+
+
+# ----------------------------------------------------------------------------- leaf sets
+def mask_of(points: Any, n: int) -> int:
+    """The bitmask (Python int) of a set of point indices in ``range(n)``."""
+    flags = np.zeros(n, dtype=bool)
+    flags[np.asarray(points, dtype=np.int64)] = True
+    return int.from_bytes(np.packbits(flags, bitorder="little").tobytes(), "little")
+
+
+def points_of(mask: int, n: int) -> np.ndarray:
+    """Sorted point indices of a bitmask."""
+    raw = np.frombuffer(mask.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
+    return np.nonzero(np.unpackbits(raw, bitorder="little")[:n])[0]
+
+
+def masks_from_labels(labels: np.ndarray) -> list[int]:
+    """Cluster bitmasks in order of first appearance of the labels."""
+    labels = np.asarray(labels)
+    n = labels.shape[0]
+    _, first = np.unique(labels, return_index=True)
+    return [mask_of(np.nonzero(labels == labels[i])[0], n) for i in np.sort(first)]
+
+
+def labels_from_masks(masks: Sequence[int], n: int) -> np.ndarray:
+    """Canonical labels (order of first appearance) of a list of cluster bitmasks."""
+    labels = np.empty(n, dtype=np.int32)
+    for k, m in enumerate(masks):
+        labels[points_of(m, n)] = k
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int32)
+    rank[np.argsort(first)] = np.arange(len(first), dtype=np.int32)
+    return rank[inverse].astype(np.int32)
+
+
+def _log_merge_prob(log_d: np.ndarray) -> np.ndarray:
+    """``log 1/(1 + d)``: the probability of putting a cluster into ``M``."""
+    return -np.logaddexp(0.0, log_d)
+
+
+def _log_keep_prob(log_d: np.ndarray) -> np.ndarray:
+    """``log d/(1 + d)``: the probability of leaving it out."""
+    return -np.logaddexp(0.0, -log_d)
+
+
+def _param_key(obj: Any) -> tuple:
+    leaves = jax.tree.leaves(obj)
+    return (type(obj).__name__,) + tuple(np.asarray(x, dtype=np.float64).tobytes() for x in leaves)
+
+
+class GlobalMoveInfo(NamedTuple):
+    """What one global move did: ``kind`` is ``"split"``, ``"merge"`` or ``"none"``
+    (a one-point cluster with nothing to merge: no proposal); ``log_ratio`` is
+    ``log r`` (NaN for ``"none"``)."""
+
+    kind: str
+    log_ratio: float
+    accepted: bool
+    log_q_forward: float
+    log_q_reverse: float
+
+
+# ----------------------------------------------------------------------------- host state
+class TreeGuidedHost:
+    """Canonical trees of one chain and the global moves on them (NumPy, float64).
+
+    :param X: ``(n, D)`` data.
+    :param measure: ``DP`` or ``NGGP``.
+    :param family: the conjugate family.
+    :param u: the auxiliary variable (NGGP); ignored for DP, whose
+        dissimilarities and acceptance ratios do not depend on it.
+    :param cache_size: how many canonical trees are kept (least recently used
+        ones are dropped and rebuilt when needed again).
+
+    The tree shapes are built under the parameters given here; later
+    ``set_params`` calls change the potentials only (module docstring).
+    """
+
+    def __init__(self, X: Any, measure, family: Family, u: Any = None, cache_size: int = 4096):
+        if not isinstance(measure, (DP, NGGP)):
+            raise ValueError(
+                "tree-guided MCMC needs a normalised random measure with log_kappa: bnp.DP or "
+                f"bnp.NGGP, got {type(measure).__name__} (use CollapsedGibbs or SplitMerge)."
+            )
+        self._uses_u = bool(measure.has_auxiliary)
+        u0 = float(np.asarray(u)) if (self._uses_u and u is not None) else (1.0 if self._uses_u else 0.0)
+        self.struct = TreeModel(X, measure, family, u0)
+        self.model = self.struct
+        self.n = self.struct.num_points
+        self._family_key = _param_key(family)
+        self._params_key = (_param_key(measure), self._family_key, u0)
+        self._version = 0
+        self._cache: OrderedDict[int, list] = OrderedDict()
+        self._pair_memo: dict = {}
+        self._cache_size = int(cache_size)
+
+    # -- parameters -----------------------------------------------------------------------
+    def set_params(self, measure, family: Family, u: Any = None) -> None:
+        """Evaluate potentials under new measure / family / ``u`` (tree shapes unchanged)."""
+        u_eff = float(np.asarray(u)) if self._uses_u else 0.0
+        family_key = _param_key(family)
+        key = (_param_key(measure), family_key, u_eff)
+        if key == self._params_key:
+            return
+        if self.model is self.struct or family_key != self._params_key[1]:
+            model = TreeModel(self.struct.X, measure, family, u_eff)
+            if family_key == self._family_key:
+                model._lik_memo = self.struct._lik_memo
+            self.model = model
+        else:
+            model = self.model
+            model.measure = measure
+            model.u = u_eff
+            model._log_kappa_table = model._kappa_table()
+            model._leaf_log_h = model._log_kappa_table[1] + model._leaf_log_lik
+        self._params_key = key
+        self._version += 1
+
+    # -- canonical trees ------------------------------------------------------------------
+    def tree(self, mask: int) -> Node:
+        """The canonical tree of a cluster (do not edit it: copy it first)."""
+        entry = self._cache.get(mask)
+        if entry is None:
+            pts = points_of(mask, self.n)
+            if pts.size == 0:
+                raise ValueError("empty cluster")
+            entry = [sequential_tree_jax(self.struct, pts), 0]
+            self._cache[mask] = entry
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(mask)
+        if entry[1] != self._version:
+            if self.model is not self.struct:
+                table = self.model._log_kappa_table
+                if self.model._lik_memo is not self.struct._lik_memo:
+                    self._relikelihood(entry[0])
+                nodes = entry[0].nodes()
+                for v in nodes:
+                    v.log_h = float(table[v.size]) + v.log_lik
+                _recompute_bottom_up(nodes[::-1])
+            entry[1] = self._version
+        return entry[0]
+
+    def _relikelihood(self, root: Node) -> None:
+        nodes = root.nodes()
+        log_lik, _ = self.model._evaluate(
+            [v.stats for v in nodes], [v.size for v in nodes], [v.mask for v in nodes]
+        )
+        for v, ll in zip(nodes, log_lik):
+            v.log_lik = float(ll)
+
+    def log_joint_terms(self, masks: Sequence[int]) -> float:
+        """``Σ_c log φ(X_c | h_c) = Σ_c log κ(|c|, u) + log P(X_c)`` (the partition-dependent part)."""
+        return float(sum(self.tree(m).log_h for m in masks))
+
+    # -- proposal probabilities -----------------------------------------------------------
+    def _log_d(self, trees: Sequence[Node], i: int) -> np.ndarray:
+        """``log d(t_i, t_j)`` for every ``j != i`` (pairs memoised per parameter version)."""
+        memo = self._pair_memo
+        if memo.get("version") != self._version or len(memo) > 200_000:
+            memo.clear()
+            memo["version"] = self._version
+        a = trees[i]
+        out = np.empty(len(trees) - 1)
+        missing = []
+        for k, t in enumerate(trees[:i] + trees[i + 1:]):
+            v = memo.get((a.mask, t.mask))
+            if v is None:
+                missing.append((k, t))
+            else:
+                out[k] = v
+        if missing:
+            fresh = self.model.log_dissimilarities(a, [t for _, t in missing])
+            for (k, t), v in zip(missing, fresh):
+                out[k] = v
+                memo[(a.mask, t.mask)] = memo[(t.mask, a.mask)] = float(v)
+        return out
+
+    def log_split_prob(self, tree: Node, parts: Sequence[int]) -> float:
+        """``log`` probability that SampleSub + cut + StocInsert on ``tree`` yields ``parts``.
+
+        Summed over every internal node ``c*`` that can produce the partition
+        ``parts`` (bitmasks) of the tree's leaves; for each the insertions are
+        forced (a cut-off subtree joins the tree of its part, or starts it).
+        """
+        nodes, log_p = _sample_sub_log_probs(tree, internal_only=True)
+
+        def part(mask: int) -> int:
+            for k, p in enumerate(parts):
+                if mask & ~p == 0:
+                    return k
+            return -1
+
+        part_of = {id(v): part(v.mask) for v in nodes}
+        ok_above = {id(tree): True}  # every subtree hanging off the ancestors lies in one part
+        terms = []
+        for j, v in enumerate(nodes):
+            if v.is_leaf:
+                continue
+            above = ok_above[id(v)]
+            ok_above[id(v.left)] = above and part_of[id(v.right)] >= 0
+            ok_above[id(v.right)] = above and part_of[id(v.left)] >= 0
+            pl, pr = part_of[id(v.left)], part_of[id(v.right)]
+            if not above or pl < 0 or pr < 0 or pl == pr or not math.isfinite(log_p[j]):
+                continue
+            terms.append(float(log_p[j]) + self._forced_inserts(tree, j, part))
+        return _logsumexp(np.array(terms)) if terms else -math.inf
+
+    def _forced_inserts(self, tree: Node, j: int, part: Callable[[int], int]) -> float:
+        node = copy_tree(tree).nodes()[j]
+        S, Q = cut_at(node)
+        S_parts = [part(S[0].mask), part(S[1].mask)]
+        log_p = 0.0
+        for q in Q:
+            k = part(q.mask)
+            choice = S_parts.index(k) if k in S_parts else None
+            log_p += stoc_insert_log_prob(self.model, S, q, choice)
+            if choice is None:
+                S.append(q)
+                S_parts.append(k)
+            else:
+                S[choice] = seq_insert(self.model, S[choice], q)
+        return log_p
+
+    def log_q(self, masks: Sequence[int], to_masks: Sequence[int]) -> float:
+        """``log q(Π* | Π)`` of the global move, ``-inf`` if ``Π*`` is not one split or merge away."""
+        masks, to_masks = list(masks), list(to_masks)
+        old, new = set(masks), set(to_masks)
+        removed = [m for m in masks if m not in new]
+        added = [m for m in to_masks if m not in old]
+        K = len(masks)
+        trees = [self.tree(m) for m in masks]
+        if len(removed) == 1 and len(added) >= 2 and _union(added) == removed[0]:
+            c = masks.index(removed[0])
+            select = -math.log(K) + float(np.sum(_log_keep_prob(self._log_d(trees, c))))
+            return select + self.log_split_prob(trees[c], added)
+        if len(added) == 1 and len(removed) >= 2 and _union(removed) == added[0]:
+            picked = {masks.index(m) for m in removed}
+            terms = []
+            for i in sorted(picked):
+                log_d = self._log_d(trees, i)
+                in_m = np.array([j in picked for j in range(K) if j != i])
+                terms.append(
+                    -math.log(K)
+                    + float(np.sum(np.where(in_m, _log_merge_prob(log_d), _log_keep_prob(log_d))))
+                )
+            return _logsumexp(np.array(terms))
+        return -math.inf
+
+    def log_stay_prob(self, masks: Sequence[int]) -> float:
+        """``log`` probability that a global move proposes nothing (a one-point cluster picked, ``M`` empty)."""
+        trees = [self.tree(m) for m in masks]
+        K = len(masks)
+        terms = [
+            -math.log(K) + float(np.sum(_log_keep_prob(self._log_d(trees, i))))
+            for i, t in enumerate(trees)
+            if t.is_leaf
+        ]
+        return _logsumexp(np.array(terms)) if terms else -math.inf
+
+    # -- one global move ------------------------------------------------------------------
+    def propose(self, rng: np.random.Generator, masks: Sequence[int]) -> tuple[list[int] | None, str]:
+        """Draw ``Π*`` (supplement B.1-B.3); ``None`` when nothing is proposed."""
+        masks = list(masks)
+        K = len(masks)
+        trees = [self.tree(m) for m in masks]
+        c = int(rng.integers(K))
+        log_d = self._log_d(trees, c)
+        others = [j for j in range(K) if j != c]
+        into_m = np.log(rng.random(len(others))) < _log_merge_prob(log_d)
+        if into_m.any():
+            merged = [c] + [others[k] for k in np.nonzero(into_m)[0]]
+            rest = [m for j, m in enumerate(masks) if j not in set(merged)]
+            return rest + [_union(masks[j] for j in merged)], "merge"
+        tree = trees[c]
+        if tree.is_leaf:
+            return None, "none"
+        nodes, log_p = _sample_sub_log_probs(tree, internal_only=True)
+        j = _sample_index(rng, log_p)
+        S, Q = cut_at(copy_tree(tree).nodes()[j])
+        for q in Q:
+            S = stoc_insert(self.model, rng, S, q).trees
+        rest = [m for i, m in enumerate(masks) if i != c]
+        return rest + [t.mask for t in S], "split"
+
+    def log_ratio(self, masks: Sequence[int], proposal: Sequence[int]) -> tuple[float, float, float]:
+        """``(log r, log q(Π*|Π), log q(Π|Π*))`` of moving from ``masks`` to ``proposal``."""
+        log_q_fwd = self.log_q(masks, proposal)
+        log_q_rev = self.log_q(proposal, masks)
+        log_joint = self.log_joint_terms(proposal) - self.log_joint_terms(masks)
+        return log_joint + log_q_rev - log_q_fwd, log_q_fwd, log_q_rev
+
+    def global_move(self, rng: np.random.Generator, masks: Sequence[int]) -> tuple[list[int], GlobalMoveInfo]:
+        """One MH global move; returns the new cluster masks and a :class:`GlobalMoveInfo`."""
+        masks = list(masks)
+        proposal, kind = self.propose(rng, masks)
+        if proposal is None:
+            return masks, GlobalMoveInfo(kind, math.nan, False, math.nan, math.nan)
+        log_ratio, log_q_fwd, log_q_rev = self.log_ratio(masks, proposal)
+        accepted = bool(math.log(rng.random()) < log_ratio)
+        info = GlobalMoveInfo(kind, float(log_ratio), accepted, float(log_q_fwd), float(log_q_rev))
+        return (proposal if accepted else masks), info
+
+    def run(self, rng: np.random.Generator, labels: np.ndarray, num_moves: int):
+        """``num_moves`` global moves from ``labels``; returns labels and per-move infos."""
+        masks = masks_from_labels(labels)
+        infos = []
+        for _ in range(int(num_moves)):
+            masks, info = self.global_move(rng, masks)
+            infos.append(info)
+        return labels_from_masks(masks, self.n), infos
+
+    # -- initial partitions ---------------------------------------------------------------
+    def noisy_labels(self, rng: np.random.Generator) -> np.ndarray:
+        """The paper's noisy initialisation (section 4.1): points in a random order, each
+        put *on top of* the tree with the smallest dissimilarity (or a new tree if that exceeds 1)."""
+        model = self.model
+        trees: list[Node] = []
+        for i in rng.permutation(self.n):
+            leaf = model.leaf(int(i))
+            if trees:
+                log_d = model.log_dissimilarities(leaf, trees)
+                k = int(np.argmin(log_d))
+                if log_d[k] <= 0.0:
+                    trees[k] = model.merge(trees[k], leaf)
+                    continue
+            trees.append(leaf)
+        return labels_from_masks([t.mask for t in trees], self.n)
+
+    def ibhc_labels(self) -> np.ndarray:
+        """The partition of IBHC (points in row order)."""
+        forest = ibhc(self.struct.X, self.model.measure, self.model.family, self.model.u
+                      if self._uses_u else None)
+        return np.asarray(forest.labels, dtype=np.int32)
+
+
+def _union(masks) -> int:
+    out = 0
+    for m in masks:
+        out |= m
+    return out
+
+
+# ----------------------------------------------------------------------------- host registry
+_MAX_HOSTS = 256
+_RUN_IDS = itertools.count()
+_HOSTS: OrderedDict[tuple, TreeGuidedHost] = OrderedDict()
+
+
+def _fingerprint(X: np.ndarray) -> tuple:
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    return X.shape, zlib.crc32(X.tobytes())
+
+
+def _host_for(run_id: int, chain_id: int, X: np.ndarray, measure, family, u) -> TreeGuidedHost:
+    """The host state of one chain of one run (created on first use, with that call's parameters)."""
+    key = (run_id, int(chain_id)) + _fingerprint(X)
+    host = _HOSTS.get(key)
+    if host is None:
+        host = TreeGuidedHost(np.asarray(X, dtype=np.float64), measure, family, u)
+        _HOSTS[key] = host
+        if len(_HOSTS) > _MAX_HOSTS:
+            _HOSTS.popitem(last=False)
+    else:
+        _HOSTS.move_to_end(key)
+    host.set_params(measure, family, u)
+    return host
+
+
+def _seed(key_data: np.ndarray) -> np.random.Generator:
+    return np.random.default_rng(np.asarray(key_data, dtype=np.uint32).ravel().tolist())
+
+
+def _forget_run(run_id: int) -> None:
+    for key in [k for k in _HOSTS if k[0] == run_id]:
+        del _HOSTS[key]
+
+
+def _host_global_moves(run_id, num_moves, chain_id, key_data, X, labels, measure, family, u):
+    host = _host_for(run_id, chain_id, X, measure, family, u)
+    new_labels, infos = host.run(_seed(key_data), np.asarray(labels), num_moves)
+    proposed = [i for i in infos if i.kind != "none"]
+    accepted = sum(i.accepted for i in proposed)
+    # a merge whose reverse split is impossible has r = 0: counted as proposed, not averaged
+    log_accept = [min(0.0, i.log_ratio) for i in proposed if math.isfinite(i.log_ratio)]
+    mean_log_accept = float(np.mean(log_accept)) if log_accept else 0.0
+    return (
+        new_labels.astype(np.int32),
+        np.int32(accepted),
+        np.int32(len(proposed)),
+        np.float32(mean_log_accept),
+    )
+
+
+def _host_init_labels(run_id, method, chain_id, key_data, X, measure, family, u):
+    host = _host_for(run_id, chain_id, X, measure, family, u)
+    if method == "ibhc":
+        return host.ibhc_labels()
+    return host.noisy_labels(_seed(key_data))
+
+
+# ----------------------------------------------------------------------------- the kernel
+TreeGuidedState = MoveStatsState
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    try:
+        out = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.") from None
+    if out < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {out}.")
+    return out
+
+
+class TreeGuidedMCMC(MoveStatsKernel):
+    """Tree-guided MCMC (Lee & Choi 2015) as a NumPyro kernel (module docstring).
+
+    :param model: a NumPyro model with one latent ``Partition`` site whose
+        measure is ``DP`` or ``NGGP`` and one observed ``ConjugateMixture``
+        site (as for :class:`CollapsedGibbs`).
+    :param num_global_moves: ``G``, global moves per iteration (``>= 0``;
+        the paper uses 20).
+    :param depth: ``D >= 1``; the local moves update ``ceil(n / 2**D)``
+        randomly chosen points per iteration (the paper uses 2).
+    :param init: initial partition when ``init_params`` has none:
+        ``"ibhc"`` (IBHC in row order), ``"noisy"`` (the paper's noisy
+        initialisation, random per chain), or ``"one"``, ``"singletons"``,
+        ``"prior"`` as for ``CollapsedGibbs``.
+    :param local_moves: set ``False`` to run the global moves alone (an
+        irreducible, exact chain on its own; used by the tests).
+    :param capacity, update_hyperparameters, chain_batching: as for
+        :class:`CollapsedGibbs`. More clusters than ``capacity`` raise
+        ``CapacityError``.
+
+    Extra fields for ``MCMC.run(..., extra_fields=...)``: ``log_joint``,
+    ``num_clusters``, ``num_accepted``, ``num_proposed``, ``mean_log_accept``.
+    The same key gives the same draws under every ``chain_method``.
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        num_global_moves: int = 20,
+        depth: int = 2,
+        init: str = "ibhc",
+        local_moves: bool = True,
+        capacity: int | None = None,
+        update_hyperparameters: bool = False,
+        chain_batching: str = "auto",
+    ):
+        self._num_global_moves = _check_int("num_global_moves", num_global_moves, 0)
+        self._depth = _check_int("depth", depth, 1)
+        if init not in ("ibhc", "noisy", "one", "singletons", "prior"):
+            raise ValueError(
+                f"init must be 'ibhc', 'noisy', 'one', 'singletons' or 'prior', got {init!r}."
+            )
+        if not local_moves and self._num_global_moves < 1:
+            raise ValueError(
+                "TreeGuidedMCMC with local_moves=False needs num_global_moves >= 1 "
+                f"(got {num_global_moves}); otherwise the partition never moves."
+            )
+        self._init = init
+        self._local_moves = bool(local_moves)
+        self._run_id = None  # set by init(): keys this run's host tree stores
+        super().__init__(
+            model,
+            capacity=capacity,
+            init_strategy=init if init in ("one", "singletons", "prior") else "one",
+            update_hyperparameters=update_hyperparameters,
+            chain_batching=chain_batching,
+        )
+
+    def _validate_trace(self, model_trace, spec):
+        measure = model_trace[spec.partition_site]["fn"].measure
+        if not isinstance(measure, (DP, NGGP)):
+            raise ValueError(
+                "TreeGuidedMCMC needs a DP or NGGP partition prior (IBHC's potentials use the "
+                f"measure's kappa), got {type(measure).__name__}; use bnp.CollapsedGibbs or "
+                "bnp.SplitMerge for Pitman-Yor."
+            )
+
+    # -- runs and initial partition ----------------------------------------------------------
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        """Start a run: a fresh host tree store per chain (the previous run's is dropped)."""
+        if getattr(self, "_run_id", None) is not None:
+            _forget_run(self._run_id)
+        self._run_id = next(_RUN_IDS)
+        return super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
+
+    def _init_one(self, key, params, hyper0, model_args, model_kwargs):
+        self._init_chain_id = _chain_id(key)  # the id MoveStatsKernel gives this chain
+        return super()._init_one(key, params, hyper0, model_args, model_kwargs)
+
+    def _init_labels(self, key, params, measure, family, X, u, capacity):
+        if self._init in ("one", "singletons", "prior"):
+            return super()._init_labels(key, params, measure, family, X, u, capacity)
+        n = X.shape[0]
+        return io_callback(
+            lambda *a: _host_init_labels(self._run_id, self._init, *a),
+            jax.ShapeDtypeStruct((n,), jnp.int32),
+            self._init_chain_id, jax.random.key_data(key), X, measure, family, u,
+            ordered=False,
+        )
+
+    def _core_step(self, key, state, X, measure, family):
+        """Global moves (host callback), local moves, then (NGGP) ``u``."""
+        k_global, k_subset, k_noise, k_u = jax.random.split(key, 4)
+        clusters, u = state.clusters, state.u
+        n, capacity = X.shape[0], clusters.capacity
+        accepted = proposed = jnp.zeros((), jnp.int32)
+        mean_log = jnp.zeros((), jnp.float32)
+        if self._num_global_moves:
+            labels, accepted, proposed, mean_log = io_callback(
+                lambda *a: _host_global_moves(self._run_id, self._num_global_moves, *a),
+                (
+                    jax.ShapeDtypeStruct((n,), jnp.int32),
+                    jax.ShapeDtypeStruct((), jnp.int32),
+                    jax.ShapeDtypeStruct((), jnp.int32),
+                    jax.ShapeDtypeStruct((), mean_log.dtype),
+                ),
+                self._chain_id, jax.random.key_data(k_global), X,
+                canonical_labels(clusters.labels, capacity), measure, family, u,
+                ordered=False,
+            )
+            overflow = clusters.overflow | (labels.max() >= capacity)
+            labels = jnp.where(labels < capacity, labels, 0)
+            clusters = clusters_from_labels(family, X, labels, capacity, overflow)
+        if self._local_moves:
+            m = -(-n // 2**self._depth)
+            subset = jax.random.permutation(k_subset, n)[:m]
+            noise = jax.random.gumbel(k_noise, (m, capacity + 1), X.dtype)
+            clusters = clusters._replace(
+                stats=family.stats_from_labels(X, clusters.labels, capacity)
+            )
+            clusters = gibbs_core.assignment_sweep(
+                clusters, X, measure, family, u, noise=noise, order=subset
+            )
+        if measure.has_auxiliary:
+            u = gibbs_core.update_u(k_u, u, clusters.counts, measure)
+        self._move_stats = (accepted, proposed, mean_log)
+        return gibbs_core.GibbsState(clusters, u)
