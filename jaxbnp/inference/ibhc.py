@@ -93,8 +93,6 @@ __all__ = [
 ]
 
 _MIN_BATCH = 4
-#: SeqInsert into a tree of at most this many leaves evaluates all unions in one call
-_BULK_LEAVES = 256
 
 
 # ----------------------------------------------------------------------------- batched JAX math
@@ -500,29 +498,25 @@ def _seq_insert(
     _require_root(s, "s")
     if root is s:
         raise ValueError("cannot insert a tree into itself.")
-    bulk = None
-    if 2 <= root.size <= _BULK_LEAVES:
-        # small tree: the unions of s with every node in one JAX call (instead of one
-        # call per level); the descent below then only reads them
-        nodes = root.nodes()
-        ll, lh = model._evaluate_stacked(
-            np.stack([v.stats for v in nodes]) + s.stats,
-            np.array([v.size for v in nodes], dtype=np.int64) + s.size,
-        )
-        bulk = {id(v): (a, b) for v, a, b in zip(nodes, ll.tolist(), lh.tolist())}
-        top = bulk[id(root)]
-    elif top is None:
-        log_lik, log_h = model._union_potentials(s, [root])
-        top = (float(log_lik[0]), float(log_h[0]))
-    c, current = root, top
+    c = root
     chain: list[tuple[Node, tuple[float, float]]] = []
+    pending = None
+    if top is None or not root.is_leaf:
+        # the top union and the first level's two in one call (IBHC trees are often
+        # cascades, where s stops at the root: then this is the only call)
+        first = [root] if root.is_leaf else [root, root.left, root.right]
+        log_lik, log_h = model._union_potentials(s, first)
+        if top is None:
+            top = (float(log_lik[0]), float(log_h[0]))
+        pending = None if root.is_leaf else (log_lik[1:], log_h[1:])
+    current = top
     while not c.is_leaf:
         l, r = c.left, c.right
-        if bulk is None:
-            log_lik, log_h = model._union_potentials(s, [l, r])
+        if pending is not None:
+            log_lik, log_h = pending
+            pending = None
         else:
-            (ll_l, lh_l), (ll_r, lh_r) = bulk[id(l)], bulk[id(r)]
-            log_lik, log_h = (ll_l, ll_r), (lh_l, lh_r)
+            log_lik, log_h = model._union_potentials(s, [l, r])
         log_d_lr = c.log_d
         log_d_ls = l.log_t + s.log_t - log_h[0]
         log_d_rs = r.log_t + s.log_t - log_h[1]
@@ -1120,7 +1114,11 @@ def _stoc_insert_log_probs(model: TreeModel, trees: Sequence[Node], c: Node):
             raise ValueError("c is already one of the trees in S.")
     if len({id(t) for t in trees}) != len(trees):
         raise ValueError("S contains the same tree twice.")
-    log_lik, log_h = model._union_potentials(c, list(trees))
+    # the unions with each tree's children too, in the same call: they land in the memo,
+    # where the first level of the SeqInsert that follows finds them
+    children = [v for t in trees if not t.is_leaf for v in (t.left, t.right)]
+    log_lik, log_h = model._union_potentials(c, list(trees) + children)
+    log_lik, log_h = log_lik[:len(trees)], log_h[:len(trees)]
     log_d = c.log_t + np.array([t.log_t for t in trees], dtype=np.float64) - log_h
     log_w = np.concatenate([-log_d, [0.0]])  # d^-1(c', c) for each c' ∈ S, then 1 for "new"
     return log_w - _logsumexp(log_w), log_lik, log_h

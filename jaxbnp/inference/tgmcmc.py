@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 import zlib
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple, Sequence
@@ -92,6 +91,7 @@ from .ibhc import (
     stoc_insert_log_prob,
 )
 from .kernels import MoveStatsKernel, MoveStatsState, _chain_id
+from .split_merge import _check_count
 
 __all__ = [
     "TreeGuidedMCMC",
@@ -507,18 +507,6 @@ def _host_init_labels(run_id, method, chain_id, key_data, X, measure, family, u)
 TreeGuidedState = MoveStatsState
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    try:
-        out = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.") from None
-    if out < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {out}.")
-    return out
-
-
 class TreeGuidedMCMC(MoveStatsKernel):
     """Tree-guided MCMC (Lee & Choi 2015) as a NumPyro kernel (module docstring).
 
@@ -556,8 +544,8 @@ class TreeGuidedMCMC(MoveStatsKernel):
         update_hyperparameters: bool = False,
         chain_batching: str = "auto",
     ):
-        self._num_global_moves = _check_int("num_global_moves", num_global_moves, 0)
-        self._depth = _check_int("depth", depth, 1)
+        self._num_global_moves = _check_count("num_global_moves", num_global_moves, 0)
+        self._depth = _check_count("depth", depth, 1)
         if init not in ("ibhc", "noisy", "one", "singletons", "prior"):
             raise ValueError(
                 f"init must be 'ibhc', 'noisy', 'one', 'singletons' or 'prior', got {init!r}."
