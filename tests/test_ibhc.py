@@ -384,6 +384,7 @@ def test_detach_copy_set_u_and_cut_tree():
     assert model.u == 3.0
     _assert_consistent(model, rest)
     _assert_consistent(model, copy)
+    _assert_consistent(model, model.leaf(2))  # new leaves use the new u too
     clusters = ib.cut_tree(copy)
     assert sorted(np.concatenate([t.points() for t in clusters]).tolist()) == list(range(6))
     for t in clusters:

@@ -89,10 +89,13 @@ def gibbs_sweep(
     measure: Measure,
     family,
     u: jax.Array | None = None,
+    order: jax.Array | None = None,
 ) -> ClusterState:
-    """One systematic-scan collapsed Gibbs sweep over all points.
+    """One systematic-scan collapsed Gibbs sweep over all points (or over ``order``).
 
-    Shapes: ``X`` ``(n, D)``; ``clusters`` with ``capacity`` slots. If a new
+    Shapes: ``X`` ``(n, D)``; ``clusters`` with ``capacity`` slots; ``order``
+    optional point indices to visit, in that order (tgMCMC's local moves pass
+    a random subset; chosen independently of the state, each update is exact). If a new
     cluster is drawn while every slot is taken the point stays put and
     ``overflow`` is set (the caller must raise; see ``raise_if_overflow``).
     """
@@ -101,8 +104,9 @@ def gibbs_sweep(
     # accumulates from add/remove updates over long runs (O(n), cheap next to the sweep)
     clusters = clusters._replace(stats=family.stats_from_labels(X, clusters.labels, capacity))
     # Gumbel-max: one draw of noise per sweep, argmax inside the loop
-    gumbels = jax.random.gumbel(key, (X.shape[0], capacity + 1), dtype=X.dtype)
-    return assignment_sweep(clusters, X, measure, family, u, noise=gumbels)
+    steps = X.shape[0] if order is None else order.shape[0]
+    gumbels = jax.random.gumbel(key, (steps, capacity + 1), dtype=X.dtype)
+    return assignment_sweep(clusters, X, measure, family, u, noise=gumbels, order=order)
 
 
 def assignment_sweep(

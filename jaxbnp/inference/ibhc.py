@@ -315,9 +315,7 @@ class TreeModel:
         self._point_stats, self._unpack = _pack(family.point_stats(self.X))
         # log κ(m, u) for m = 0..n (entry 0 unused), refreshed by set_u
         self._log_kappa_table = self._kappa_table()
-        self._leaf_log_lik, self._leaf_log_h = self._evaluate_stacked(
-            self._point_stats, np.ones(n)
-        )
+        self._leaf_log_lik = self._evaluate_stacked(self._point_stats, np.ones(n))[0]
         self._next_index = n
         # memo of log P(X_c) keyed by the leaf bitmask (independent of u); bounded
         # to about 64 MB of keys, then cleared
@@ -422,7 +420,7 @@ class TreeModel:
         if not 0 <= i < self.num_points:
             raise ValueError(f"point index {i} out of range [0, {self.num_points}).")
         stats = self._point_stats[i]
-        log_h = float(self._leaf_log_h[i])
+        log_h = float(self._log_kappa_table[1] + self._leaf_log_lik[i])
         return Node(i, 1, stats, float(self._leaf_log_lik[i]), log_h, log_h, mask=1 << i)
 
     def leaves(self) -> list[Node]:
@@ -475,6 +473,11 @@ class TreeModel:
         """
         self.u = self._check_u(u)
         self._log_kappa_table = self._kappa_table()
+        self.refresh(trees)
+
+    def refresh(self, trees: Sequence[Node]) -> None:
+        """Recompute ``log_h``/``log_t`` of every node of ``trees`` under this model's ``log κ``
+        (after ``u`` or the measure changed; the stored ``log P(X_c)`` are kept)."""
         nodes = [v for t in trees for v in t.nodes()]
         if not nodes:
             return

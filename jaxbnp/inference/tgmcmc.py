@@ -79,7 +79,6 @@ from .ibhc import (
     Node,
     TreeModel,
     _logsumexp,
-    _recompute_bottom_up,
     _sample_index,
     _sample_sub_log_probs,
     copy_tree,
@@ -211,11 +210,8 @@ class TreeGuidedHost:
                 model._lik_memo = self.struct._lik_memo
             self.model = model
         else:
-            model = self.model
-            model.measure = measure
-            model.u = u_eff
-            model._log_kappa_table = model._kappa_table()
-            model._leaf_log_h = model._log_kappa_table[1] + model._leaf_log_lik
+            self.model.measure = measure
+            self.model.set_u(u_eff)
         self._params_key = key
         self._version += 1
 
@@ -235,13 +231,9 @@ class TreeGuidedHost:
             self._cache.move_to_end(mask)
         if entry[1] != self._version:
             if self.model is not self.struct:
-                table = self.model._log_kappa_table
                 if self.model._lik_memo is not self.struct._lik_memo:
                     self._relikelihood(entry[0])
-                nodes = entry[0].nodes()
-                for v in nodes:
-                    v.log_h = float(table[v.size]) + v.log_lik
-                _recompute_bottom_up(nodes[::-1])
+                self.model.refresh([entry[0]])
             entry[1] = self._version
         return entry[0]
 
@@ -624,13 +616,7 @@ class TreeGuidedMCMC(MoveStatsKernel):
         if self._local_moves:
             m = -(-n // 2**self._depth)
             subset = jax.random.permutation(k_subset, n)[:m]
-            noise = jax.random.gumbel(k_noise, (m, capacity + 1), X.dtype)
-            clusters = clusters._replace(
-                stats=family.stats_from_labels(X, clusters.labels, capacity)
-            )
-            clusters = gibbs_core.assignment_sweep(
-                clusters, X, measure, family, u, noise=noise, order=subset
-            )
+            clusters = gibbs_core.gibbs_sweep(k_noise, clusters, X, measure, family, u, order=subset)
         if measure.has_auxiliary:
             u = gibbs_core.update_u(k_u, u, clusters.counts, measure)
         self._move_stats = (accepted, proposed, mean_log)
