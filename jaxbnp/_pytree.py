@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import jax
@@ -56,6 +57,28 @@ class ParameterPytree:
             if is_concrete(value) and not isinstance(value, jax.Array):
                 value = jnp.asarray(value, dtype=jnp.result_type(float))
             object.__setattr__(self, name, value)
+
+    def host_params(self) -> types.SimpleNamespace:
+        """The parameters as NumPy float64 arrays, for host-side (NumPy) formulas.
+
+        Only for concrete instances: raises ``ValueError`` under ``jit``. Cached
+        (instances are immutable).
+        """
+        cached = self.__dict__.get("_host_params_cache")
+        if cached is not None:
+            return cached
+        values = {}
+        for name in self._fields:
+            c = concrete_value(getattr(self, name))
+            if c is None:
+                raise ValueError(
+                    f"{type(self).__name__}: host (NumPy) math needs concrete parameters; "
+                    "it cannot run under jit or vmap."
+                )
+            values[name] = np.asarray(c, dtype=np.float64)
+        out = types.SimpleNamespace(**values)
+        object.__setattr__(self, "_host_params_cache", out)
+        return out
 
     def replace(self, **changes: Any):
         """A copy with some parameters replaced (no validation: used inside samplers)."""

@@ -380,6 +380,22 @@ def test_log_predictive_is_ratio_of_marginals(family, X):
     assert np.all(np.isfinite(out["predictive"]))
 
 
+@pytest.mark.parametrize("family,X", _family_cases())
+def test_host_numpy_forms_equal_the_jax_forms(family, X):
+    """``host_point_stats`` / ``host_log_marginal`` (NumPy, used by the host tree code) are
+    the JAX ``point_stats`` / ``log_marginal`` evaluated without JAX (float64)."""
+    labels = np.random.default_rng(1).integers(0, 4, size=X.shape[0])
+    host_points = family.host_point_stats(X)
+    jax.tree.map(
+        lambda h, j: np.testing.assert_allclose(h, np.asarray(j), rtol=0, atol=1e-12),
+        host_points, family.point_stats(jnp.asarray(X)),
+    )
+    stats = family.stats_from_labels(jnp.asarray(X), jnp.asarray(labels), 4)
+    host = family.host_log_marginal(jax.tree.map(np.asarray, stats))
+    assert isinstance(host, np.ndarray) and host.dtype == np.float64
+    np.testing.assert_allclose(host, np.asarray(family.log_marginal(stats)), rtol=1e-12, atol=1e-9)
+
+
 # ----------------------------------------------------------------------------- 6. from_data
 
 

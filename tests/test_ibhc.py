@@ -392,6 +392,37 @@ def test_detach_copy_set_u_and_cut_tree():
 
 
 # ----------------------------------------------------------------------------- errors
+class _JaxOnlyNormalGamma(NormalGamma):
+    """A family that defines only ``log_marginal`` (no host form): the JAX fallback path."""
+
+    def log_marginal(self, stats):
+        return super().log_marginal(stats)
+
+
+def test_tree_math_runs_in_numpy_and_a_jax_only_family_falls_back(monkeypatch):
+    """The host trees make no JAX call for the library's families (JAX inside tgMCMC's
+    io_callback can deadlock); a family with only ``log_marginal`` uses batched JAX
+    calls and gives the same trees."""
+    measure, u = MEASURES["nggp"]
+    family = _JaxOnlyNormalGamma(m0=0.0, k0=0.1, a0=2.0, b0=0.5)
+    jax_forest = ib.ibhc(X_GROUPS, measure, family, u=u)
+    assert not jax_forest.model._host_math
+
+    def fail(*args, **kwargs):
+        raise AssertionError("JAX called by the host tree code")
+
+    monkeypatch.setattr(ib, "_log_marginal_batch", fail)
+    monkeypatch.setattr(ib, "_log_kappa_batch", fail)
+    forest = ib.ibhc(X_GROUPS, measure, FAMILY, u=u)
+    assert forest.model._host_math
+    np.testing.assert_array_equal(forest.labels, jax_forest.labels)
+    for a, b in zip(forest.trees, jax_forest.trees):
+        assert abs(a.log_t - b.log_t) < 1e-9
+    ib.bhc(X_GROUPS, measure, FAMILY, u=u)
+    with pytest.raises(AssertionError, match="JAX called"):
+        ib.ibhc(X_GROUPS, measure, family, u=u)  # the fallback is what was patched out
+
+
 def test_bad_input_raises_value_error():
     with pytest.raises(ValueError, match="log_kappa"):
         ib.ibhc(X_SMALL, PitmanYor(1.0, 0.5), FAMILY)

@@ -239,6 +239,17 @@ def test_nggp_u_conditional_matches_joint_up_to_constant():
     np.testing.assert_allclose(diff, diff[0], atol=1e-10)
 
 
+@pytest.mark.parametrize("measure", [bnp.DP(1.7), bnp.NGGP(2.0, 0.3, 1.5)], ids=["DP", "NGGP"])
+def test_host_log_kappa_equals_log_kappa(measure):
+    """``host_log_kappa`` (NumPy, for the host tree code) is ``log_kappa`` without JAX."""
+    sizes = np.arange(1.0, 40.0)
+    for u in (0.0, 0.7, 250.0):
+        host = measure.host_log_kappa(sizes, u)
+        assert isinstance(host, np.ndarray) and host.dtype == np.float64
+        np.testing.assert_allclose(host, np.asarray(measure.log_kappa(jnp.asarray(sizes), u)),
+                                   rtol=1e-13, atol=1e-10)
+
+
 def test_dp_nrm_form_integrates_to_dp_eppf():
     """MATH.md §1: with κ(m,u) = α Γ(m) (u+1)^(−m), ψ(u) = α log(1+u), p(Π,u) integrates to the DP EPPF."""
     alpha = 1.7

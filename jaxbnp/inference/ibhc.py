@@ -2,9 +2,13 @@
 
 Host-side trees (NumPy, float64) for Lee & Choi's IBHC and the tree operations
 of tree-guided MCMC (tgMCMC, Lee & Choi 2015, section 3 and supplement A-B).
-Only the per-cluster math runs in JAX: ``log P(X_c)`` (``family.log_marginal``)
-and ``log κ(|c|, u)`` (``measure.log_kappa``), evaluated for many candidate
-nodes in one jitted, batched call.
+The per-cluster math, ``log P(X_c)`` and ``log κ(|c|, u)``, is evaluated for
+many candidate nodes at once in NumPy float64 (``family.host_log_marginal``,
+``measure.host_log_kappa``: the same formulas as the JAX ``log_marginal`` and
+``log_kappa``), so the trees never call JAX, which matters inside tgMCMC's
+``io_callback`` (a JAX call from a callback can deadlock). A family that only
+defines ``log_marginal`` is evaluated by a jitted, batched JAX call instead.
+``sequential_tree_jax`` builds whole trees in one jitted call (outside callbacks).
 
 Potentials (MATH.md §4), all in log space; every ``Node`` stores
 
@@ -105,10 +109,10 @@ class _Unpack(NamedTuple):
     def __call__(self, packed):
         out, start = [], 0
         for shape in self.shapes:
-            size = int(np.prod(shape, dtype=np.int64))
+            size = math.prod(shape)
             out.append(packed[..., start:start + size].reshape(packed.shape[:-1] + shape))
             start += size
-        return jax.tree.unflatten(self.treedef, out)
+        return self.treedef.unflatten(out)
 
 
 def _pack(stats) -> tuple[np.ndarray, _Unpack]:
@@ -290,9 +294,11 @@ class TreeModel:
         every dissimilarity and probability is independent of ``u`` because
         ``(u+1)^−m`` is multiplicative in ``m``.
 
-    All heavy math is one jitted call per batch of candidate nodes (batch
-    lengths padded to powers of two). Enable float64 (``jax_enable_x64``) for
-    full precision; the trees themselves are always float64.
+    The math is one vectorised NumPy float64 call per batch of candidate
+    nodes (``family.host_log_marginal``, ``measure.host_log_kappa``); a family
+    without a host form (it defines only ``log_marginal``) falls back to one
+    jitted JAX call per batch (lengths padded to powers of two; enable
+    ``jax_enable_x64`` for full precision there). The trees are float64.
     """
 
     def __init__(self, X: Any, measure: Measure, family: Family, u: Any = None):
@@ -307,12 +313,22 @@ class TreeModel:
             )
         self.measure = measure
         self.family = family
+        # NumPy float64 math when the family's formula has a host form (module docstring)
+        self._host_math = (
+            type(family).log_marginal is Family.log_marginal
+            and type(family)._log_marginal is not Family._log_marginal
+            and type(family).point_stats is Family.point_stats
+            and type(family)._point_stats is not Family._point_stats
+        )
         self.u = self._check_u(u)
         self.X = check_data(X, family=family)
         n = self.X.shape[0]
         # per-point statistics packed into one float64 (n, P) array (node statistics
         # are rows of that layout: a union is a vector sum)
-        self._point_stats, self._unpack = _pack(family.point_stats(self.X))
+        point_stats = (
+            family.host_point_stats(self.X) if self._host_math else family.point_stats(self.X)
+        )
+        self._point_stats, self._unpack = _pack(point_stats)
         # log κ(m, u) for m = 0..n (entry 0 unused), refreshed by set_u
         self._log_kappa_table = self._kappa_table()
         self._leaf_log_lik = self._evaluate_stacked(self._point_stats, np.ones(n))[0]
@@ -356,10 +372,15 @@ class TreeModel:
     def _evaluate_stacked(self, stats, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(log P(X_c), log φ(X_c|h_c))`` for packed ``(k, P)`` statistics (batch padded to a power of two)."""
         k = len(sizes)
-        length = _padded_length(k)
-        if length > k:
-            stats = np.concatenate([stats, np.repeat(stats[:1], length - k, axis=0)])
-        log_lik = np.asarray(_log_marginal_batch(self._unpack, self.family, stats), dtype=np.float64)[:k]
+        if self._host_math:
+            log_lik = self.family.host_log_marginal_unchecked(self._unpack(stats))
+        else:
+            length = _padded_length(k)
+            if length > k:
+                stats = np.concatenate([stats, np.repeat(stats[:1], length - k, axis=0)])
+            log_lik = np.asarray(
+                _log_marginal_batch(self._unpack, self.family, stats), dtype=np.float64
+            )[:k]
         sizes = np.asarray(sizes).astype(np.int64)
         return log_lik, self._log_kappa_table[sizes] + log_lik
 
@@ -409,6 +430,9 @@ class TreeModel:
     def log_kappa(self, sizes: Any) -> np.ndarray:
         """``log κ(m, u)`` for an array of cluster sizes (NumPy float64)."""
         sizes = np.atleast_1d(np.asarray(sizes, dtype=np.float64))
+        host = getattr(self.measure, "host_log_kappa", None)
+        if host is not None:
+            return np.asarray(host(sizes, self.u), dtype=np.float64)
         k = len(sizes)
         padded = np.concatenate([sizes, np.ones(_padded_length(k) - k)])
         return np.asarray(_log_kappa_batch(self.measure, self.u, padded), dtype=np.float64)[:k]

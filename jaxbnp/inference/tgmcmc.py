@@ -9,9 +9,14 @@ The global moves run on the host: the IBHC trees live in NumPy
 (:mod:`jaxbnp.inference.ibhc`), one store per chain keyed by a chain id, and
 one ``jax.experimental.io_callback`` per iteration runs all
 ``num_global_moves`` moves of that chain. Their likelihood terms are
-evaluated by jit-compiled, batched JAX functions (``TreeModel``), memoised by
-leaf set. The local moves, the ``u`` update and the log joint run in jitted
-JAX on the device.
+evaluated in vectorised NumPy float64 (``TreeModel``: the families' and
+measures' ``host_*`` forms of the same formulas), memoised by leaf set: the
+callback makes no JAX call except the jitted ``SeqInsert`` builder of a
+cluster's tree (a JAX computation launched from inside a callback can
+deadlock: seen on the 10k benchmark when the leaves were evaluated in JAX).
+A move is rejected early when a cheap upper bound of its ``log r`` is below
+the uniform draw (``TreeGuidedHost.global_move``; same chain). The local
+moves, the ``u`` update and the log joint run in jitted JAX on the device.
 
 Exactness: the trees are a function of the partition
 --------------------------------------------------------
@@ -153,13 +158,15 @@ def _param_key(obj: Any) -> tuple:
 class GlobalMoveInfo(NamedTuple):
     """What one global move did: ``kind`` is ``"split"``, ``"merge"`` or ``"none"``
     (a one-point cluster with nothing to merge: no proposal); ``log_ratio`` is
-    ``log r`` (NaN for ``"none"``)."""
+    ``log r`` (NaN for ``"none"``), or an upper bound of it when ``exact`` is
+    ``False`` (the move was rejected early: ``TreeGuidedHost.global_move``)."""
 
     kind: str
     log_ratio: float
     accepted: bool
     log_q_forward: float
     log_q_reverse: float
+    exact: bool = True
 
 
 # ----------------------------------------------------------------------------- host state
@@ -245,9 +252,26 @@ class TreeGuidedHost:
         for v, ll in zip(nodes, log_lik):
             v.log_lik = float(ll)
 
+    def cluster_log_h(self, mask: int) -> float:
+        """``log φ(X_c | h_c) = log κ(|c|, u) + log P(X_c)`` of one cluster (NumPy float64;
+        ``log P`` from the leaf-set memo, or from the summed point statistics; no tree built)."""
+        model = self.model
+        log_lik = model._lik_memo.get(mask)
+        size = mask.bit_count()
+        if log_lik is None:
+            pts = points_of(mask, self.n)
+            log_lik = float(model._evaluate([model._point_stats[pts].sum(axis=0)], [size], [mask])[0][0])
+        return float(model._log_kappa_table[size] + log_lik)
+
     def log_joint_terms(self, masks: Sequence[int]) -> float:
         """``Σ_c log φ(X_c | h_c) = Σ_c log κ(|c|, u) + log P(X_c)`` (the partition-dependent part)."""
-        return float(sum(self.tree(m).log_h for m in masks))
+        return float(sum(self.cluster_log_h(m) for m in masks))
+
+    def _log_joint_change(self, masks: Sequence[int], proposal: Sequence[int]) -> float:
+        """``log_joint_terms(proposal) - log_joint_terms(masks)`` over the clusters that change."""
+        old, new = set(masks), set(proposal)
+        return (sum(self.cluster_log_h(m) for m in proposal if m not in old)
+                - sum(self.cluster_log_h(m) for m in masks if m not in new))
 
     # -- proposal probabilities -----------------------------------------------------------
     def _log_d(self, trees: Sequence[Node], i: int) -> np.ndarray:
@@ -272,12 +296,14 @@ class TreeGuidedHost:
                 memo[(a.mask, t.mask)] = memo[(t.mask, a.mask)] = float(v)
         return out
 
-    def log_split_prob(self, tree: Node, parts: Sequence[int]) -> float:
+    def log_split_prob(self, tree: Node, parts: Sequence[int], known: tuple[int, float] | None = None) -> float:
         """``log`` probability that SampleSub + cut + StocInsert on ``tree`` yields ``parts``.
 
         Summed over every internal node ``c*`` that can produce the partition
         ``parts`` (bitmasks) of the tree's leaves; for each the insertions are
         forced (a cut-off subtree joins the tree of its part, or starts it).
+        ``known = (j, log p)``: the term of node ``j`` (its index in SampleSub's
+        node list) is already known (the path the proposal took): not recomputed.
         """
         nodes, log_p = _sample_sub_log_probs(tree, internal_only=True)
 
@@ -299,7 +325,10 @@ class TreeGuidedHost:
             pl, pr = part_of[id(v.left)], part_of[id(v.right)]
             if not above or pl < 0 or pr < 0 or pl == pr or not math.isfinite(log_p[j]):
                 continue
-            terms.append(float(log_p[j]) + self._forced_inserts(tree, j, part))
+            if known is not None and known[0] == j:
+                terms.append(known[1])
+            else:
+                terms.append(float(log_p[j]) + self._forced_inserts(tree, j, part))
         return _logsumexp(np.array(terms)) if terms else -math.inf
 
     def _forced_inserts(self, tree: Node, j: int, part: Callable[[int], int]) -> float:
@@ -318,8 +347,12 @@ class TreeGuidedHost:
                 S[choice] = seq_insert(self.model, S[choice], q)
         return log_p
 
-    def log_q(self, masks: Sequence[int], to_masks: Sequence[int]) -> float:
-        """``log q(Π* | Π)`` of the global move, ``-inf`` if ``Π*`` is not one split or merge away."""
+    def log_q(self, masks: Sequence[int], to_masks: Sequence[int],
+              known: tuple[int, float] | None = None) -> float:
+        """``log q(Π* | Π)`` of the global move, ``-inf`` if ``Π*`` is not one split or merge away.
+
+        ``known``: for a split, the term of one cut node already computed (``log_split_prob``).
+        """
         masks, to_masks = list(masks), list(to_masks)
         old, new = set(masks), set(to_masks)
         removed = [m for m in masks if m not in new]
@@ -329,7 +362,7 @@ class TreeGuidedHost:
         if len(removed) == 1 and len(added) >= 2 and _union(added) == removed[0]:
             c = masks.index(removed[0])
             select = -math.log(K) + float(np.sum(_log_keep_prob(self._log_d(trees, c))))
-            return select + self.log_split_prob(trees[c], added)
+            return select + self.log_split_prob(trees[c], added, known)
         if len(added) == 1 and len(removed) >= 2 and _union(removed) == added[0]:
             picked = {masks.index(m) for m in removed}
             terms = []
@@ -357,6 +390,14 @@ class TreeGuidedHost:
     # -- one global move ------------------------------------------------------------------
     def propose(self, rng: np.random.Generator, masks: Sequence[int]) -> tuple[list[int] | None, str]:
         """Draw ``Π*`` (supplement B.1-B.3); ``None`` when nothing is proposed."""
+        proposal, kind, _ = self._propose(rng, masks)
+        return proposal, kind
+
+    def _propose(self, rng: np.random.Generator, masks: Sequence[int]):
+        """``propose``, plus for a split the path taken: ``(j, log p, log s)`` with ``j`` the
+        cut node's index in SampleSub's node list, ``p`` the probability of ``j`` and of every
+        StocInsert choice made (one term of ``log_split_prob``) and ``s`` that of selecting
+        the cluster with ``M`` empty."""
         masks = list(masks)
         K = len(masks)
         trees = [self.tree(m) for m in masks]
@@ -367,42 +408,68 @@ class TreeGuidedHost:
         if into_m.any():
             merged = [c] + [others[k] for k in np.nonzero(into_m)[0]]
             rest = [m for j, m in enumerate(masks) if j not in set(merged)]
-            return rest + [_union(masks[j] for j in merged)], "merge"
+            return rest + [_union(masks[j] for j in merged)], "merge", None
         tree = trees[c]
         if tree.is_leaf:
-            return None, "none"
+            return None, "none", None
         nodes, log_p = _sample_sub_log_probs(tree, internal_only=True)
         j = _sample_index(rng, log_p)
         S, Q = cut_at(copy_tree(tree).nodes()[j])
+        log_path = float(log_p[j])
         for q in Q:
-            S = stoc_insert(self.model, rng, S, q).trees
+            result = stoc_insert(self.model, rng, S, q)
+            S = result.trees
+            log_path += result.log_prob
+        log_select = -math.log(K) + float(np.sum(_log_keep_prob(log_d)))
         rest = [m for i, m in enumerate(masks) if i != c]
-        return rest + [t.mask for t in S], "split"
+        return rest + [t.mask for t in S], "split", (j, log_path, log_select)
 
-    def log_ratio(self, masks: Sequence[int], proposal: Sequence[int]) -> tuple[float, float, float]:
-        """``(log r, log q(Π*|Π), log q(Π|Π*))`` of moving from ``masks`` to ``proposal``."""
-        log_q_fwd = self.log_q(masks, proposal)
+    def log_ratio(self, masks: Sequence[int], proposal: Sequence[int],
+                  known: tuple[int, float] | None = None) -> tuple[float, float, float]:
+        """``(log r, log q(Π*|Π), log q(Π|Π*))`` of moving from ``masks`` to ``proposal``
+        (``known``: a split's path term from ``_propose``, see ``log_split_prob``)."""
+        log_q_fwd = self.log_q(masks, proposal, known)
         log_q_rev = self.log_q(proposal, masks)
-        log_joint = self.log_joint_terms(proposal) - self.log_joint_terms(masks)
+        log_joint = self._log_joint_change(masks, proposal)
         return log_joint + log_q_rev - log_q_fwd, log_q_fwd, log_q_rev
 
-    def global_move(self, rng: np.random.Generator, masks: Sequence[int]) -> tuple[list[int], GlobalMoveInfo]:
-        """One MH global move; returns the new cluster masks and a :class:`GlobalMoveInfo`."""
+    def global_move(self, rng: np.random.Generator, masks: Sequence[int],
+                    early_rejection: bool = True) -> tuple[list[int], GlobalMoveInfo]:
+        """One MH global move; returns the new cluster masks and a :class:`GlobalMoveInfo`.
+
+        With ``early_rejection`` the move is rejected as soon as a cheap upper bound
+        of ``log r`` falls below ``log U``: ``log q(Π|Π*) ≤ 0``, and for a split
+        ``q(Π*|Π)`` is at least the probability of the path the proposal took, so
+        ``log r ≤ Δ log p − log(path)`` (split) or ``Δ log p − log q(Π*|Π)`` (merge).
+        The decision, and so the chain, is the same as without it (same uniform
+        draw); only the reverse probability and a split's other cut nodes are not
+        computed. ``GlobalMoveInfo.log_ratio`` is then that upper bound and
+        ``exact`` is ``False``.
+        """
         masks = list(masks)
-        proposal, kind = self.propose(rng, masks)
+        proposal, kind, known = self._propose(rng, masks)
         if proposal is None:
             return masks, GlobalMoveInfo(kind, math.nan, False, math.nan, math.nan)
-        log_ratio, log_q_fwd, log_q_rev = self.log_ratio(masks, proposal)
-        accepted = bool(math.log(rng.random()) < log_ratio)
+        log_u = math.log(rng.random())
+        if early_rejection:
+            log_joint = self._log_joint_change(masks, proposal)
+            log_q_fwd = known[2] + known[1] if kind == "split" else self.log_q(masks, proposal)
+            bound = log_joint - log_q_fwd
+            if not log_u < bound:
+                q_fwd = math.nan if kind == "split" else float(log_q_fwd)
+                return masks, GlobalMoveInfo(kind, float(bound), False, q_fwd, math.nan, False)
+        log_ratio, log_q_fwd, log_q_rev = self.log_ratio(masks, proposal, known and known[:2])
+        accepted = bool(log_u < log_ratio)
         info = GlobalMoveInfo(kind, float(log_ratio), accepted, float(log_q_fwd), float(log_q_rev))
         return (proposal if accepted else masks), info
 
-    def run(self, rng: np.random.Generator, labels: np.ndarray, num_moves: int):
+    def run(self, rng: np.random.Generator, labels: np.ndarray, num_moves: int,
+            early_rejection: bool = True):
         """``num_moves`` global moves from ``labels``; returns labels and per-move infos."""
         masks = masks_from_labels(labels)
         infos = []
         for _ in range(int(num_moves)):
-            masks, info = self.global_move(rng, masks)
+            masks, info = self.global_move(rng, masks, early_rejection)
             infos.append(info)
         return labels_from_masks(masks, self.n), infos
 
@@ -472,9 +539,10 @@ def _forget_run(run_id: int) -> None:
         del _HOSTS[key]
 
 
-def _host_global_moves(run_id, num_moves, chain_id, key_data, X, labels, measure, family, u):
+def _host_global_moves(run_id, num_moves, early_rejection, chain_id, key_data, X, labels, measure,
+                       family, u):
     host = _host_for(run_id, chain_id, X, measure, family, u)
-    new_labels, infos = host.run(_seed(key_data), np.asarray(labels), num_moves)
+    new_labels, infos = host.run(_seed(key_data), np.asarray(labels), num_moves, early_rejection)
     proposed = [i for i in infos if i.kind != "none"]
     accepted = sum(i.accepted for i in proposed)
     # a merge whose reverse split is impossible has r = 0: counted as proposed, not averaged
@@ -515,12 +583,18 @@ class TreeGuidedMCMC(MoveStatsKernel):
         ``"prior"`` as for ``CollapsedGibbs``.
     :param local_moves: set ``False`` to run the global moves alone (an
         irreducible, exact chain on its own; used by the tests).
+    :param early_rejection: reject a global move as soon as a cheap upper bound
+        of its ``log r`` is below the uniform draw (``TreeGuidedHost.global_move``):
+        the same chain, faster; ``mean_log_accept`` then uses that bound for
+        such moves (an upper bound of the statistic). ``False`` computes every
+        ``log r`` in full.
     :param capacity, update_hyperparameters, chain_batching: as for
         :class:`CollapsedGibbs`. More clusters than ``capacity`` raise
         ``CapacityError``.
 
     Extra fields for ``MCMC.run(..., extra_fields=...)``: ``log_joint``,
-    ``num_clusters``, ``num_accepted``, ``num_proposed``, ``mean_log_accept``.
+    ``num_clusters``, ``num_accepted``, ``num_proposed``, ``mean_log_accept``
+    (mean of ``min(0, log r)`` over the iteration's proposals).
     The same key gives the same draws under every ``chain_method``.
     """
 
@@ -532,6 +606,7 @@ class TreeGuidedMCMC(MoveStatsKernel):
         depth: int = 2,
         init: str = "ibhc",
         local_moves: bool = True,
+        early_rejection: bool = True,
         capacity: int | None = None,
         update_hyperparameters: bool = False,
         chain_batching: str = "auto",
@@ -549,6 +624,7 @@ class TreeGuidedMCMC(MoveStatsKernel):
             )
         self._init = init
         self._local_moves = bool(local_moves)
+        self._early_rejection = bool(early_rejection)
         self._run_id = None  # set by init(): keys this run's host tree stores
         super().__init__(
             model,
@@ -599,7 +675,9 @@ class TreeGuidedMCMC(MoveStatsKernel):
         mean_log = jnp.zeros((), jnp.float32)
         if self._num_global_moves:
             labels, accepted, proposed, mean_log = io_callback(
-                lambda *a: _host_global_moves(self._run_id, self._num_global_moves, *a),
+                lambda *a: _host_global_moves(
+                    self._run_id, self._num_global_moves, self._early_rejection, *a
+                ),
                 (
                     jax.ShapeDtypeStruct((n,), jnp.int32),
                     jax.ShapeDtypeStruct((), jnp.int32),

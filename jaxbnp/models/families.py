@@ -40,7 +40,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import gammaln, multigammaln
+from jax.scipy.special import gammaln
+
+from .._math import JAX_MATH as _JAX_MATH
+from .._math import NUMPY_MATH as _NUMPY_MATH
 
 from .._pytree import ParameterPytree, concrete_value
 
@@ -56,13 +59,13 @@ _LOG_2PI = math.log(2.0 * math.pi)
 _LOG_PI = math.log(math.pi)
 
 
-def _log_beta(a, b):
+def _log_beta(a, b, m=_JAX_MATH):
     """``log B(a, b)`` from ``gammaln``: full float64 precision.
 
     (``jax.scipy.special.betaln`` switches to an asymptotic branch for
     arguments >= 8 that is only accurate to about 1e-6.)
     """
-    return gammaln(a) + gammaln(b) - gammaln(a + b)
+    return m.gammaln(a) + m.gammaln(b) - m.gammaln(a + b)
 
 
 def _require_positive(owner: str, name: str, value: Any) -> None:
@@ -89,6 +92,15 @@ class Family(ParameterPytree):
 
     def point_stats(self, X: jax.Array):
         """Sufficient statistics of each point: a pytree with leading axis ``n``."""
+        return self._point_stats(jnp.asarray(X), jnp)
+
+    def host_point_stats(self, X: Any):
+        """``point_stats`` in NumPy float64 (no JAX call; host-side tree code)."""
+        return self._point_stats(np.asarray(X, dtype=np.float64), np)
+
+    @staticmethod
+    def _point_stats(X, xp):
+        """The statistics written once over the array namespace ``xp``."""
         raise NotImplementedError
 
     def empty_stats(self, capacity: int, dim: int, dtype=None):
@@ -105,6 +117,22 @@ class Family(ParameterPytree):
         )
 
     def log_marginal(self, stats) -> jax.Array:
+        """``log P(X_c)`` of every cluster (leading axes of ``stats`` are batch axes)."""
+        return self._log_marginal(self, stats, _JAX_MATH)
+
+    def host_log_marginal(self, stats) -> np.ndarray:
+        """``log P(X_c)`` in NumPy float64 from NumPy statistics (the same formula as
+        ``log_marginal``; no JAX call). Used by the host-side tree code (IBHC, tgMCMC)."""
+        stats = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), stats)
+        return self.host_log_marginal_unchecked(stats)
+
+    def host_log_marginal_unchecked(self, stats) -> np.ndarray:
+        """``host_log_marginal`` for statistics that are already NumPy float64 (hot loops)."""
+        return self._log_marginal(self.host_params(), stats, _NUMPY_MATH)
+
+    @staticmethod
+    def _log_marginal(p, stats, m):
+        """The log marginal written once over parameters ``p`` and math namespace ``m``."""
         raise NotImplementedError
 
     def predictive_params(self, stats):
@@ -171,30 +199,33 @@ class NormalGamma(Family):
         var = np.where(var > 0, var, 1.0)
         return cls(m0=X.mean(axis=0), k0=k0, a0=a0, b0=var * (a0 - 1.0))
 
-    def point_stats(self, X):
-        X = jnp.asarray(X)
-        return NormalGammaStats(jnp.ones(X.shape[:-1], X.dtype), X, X * X)
+    @staticmethod
+    def _point_stats(X, xp):
+        return NormalGammaStats(xp.ones(X.shape[:-1], X.dtype), X, X * X)
 
     def _posterior(self, stats):
+        return self._posterior_of(self, stats)
+
+    @staticmethod
+    def _posterior_of(p, stats):
         n = stats.n[..., None]
-        kn = self.k0 + n
-        mn = (self.k0 * self.m0 + stats.sum_x) / kn
-        an = self.a0 + 0.5 * n
-        bn = self.b0 + 0.5 * (stats.sum_xx + self.k0 * self.m0**2 - kn * mn**2)
+        kn = p.k0 + n
+        mn = (p.k0 * p.m0 + stats.sum_x) / kn
+        an = p.a0 + 0.5 * n
+        bn = p.b0 + 0.5 * (stats.sum_xx + p.k0 * p.m0**2 - kn * mn**2)
         return kn, mn, an, bn
 
-    def log_marginal(self, stats):
-        kn, mn, an, bn = self._posterior(stats)
+    @staticmethod
+    def _log_marginal(p, stats, m):
+        xp = m.xp
+        kn, mn, an, bn = NormalGamma._posterior_of(p, stats)
         n = stats.n[..., None]
-        per_dim = (
-            gammaln(an)
-            - gammaln(self.a0)
-            + self.a0 * jnp.log(self.b0)
-            - an * jnp.log(bn)
-            + 0.5 * (jnp.log(self.k0) - jnp.log(kn))
-            - 0.5 * n * _LOG_2PI
+        prior = m.constant(  # the terms of the prior alone
+            p, "log_marginal_prior",
+            lambda: -m.gammaln(p.a0) + p.a0 * xp.log(p.b0) + 0.5 * xp.log(p.k0),
         )
-        return jnp.sum(per_dim, axis=-1)
+        per_dim = prior + m.gammaln(an) - an * xp.log(bn) - 0.5 * xp.log(kn) - 0.5 * n * _LOG_2PI
+        return m.sum(per_dim, axis=-1)
 
     def predictive_params(self, stats):
         kn, mn, an, bn = self._posterior(stats)
@@ -308,39 +339,52 @@ class NormalWishart(Family):
         psi = S / np.exp((logdet - np.log(det_psi)) / d)
         return cls(m0=X.mean(axis=0), r=r, nu=d + extra_dof, psi=psi)
 
-    def point_stats(self, X):
-        X = jnp.asarray(X)
+    @staticmethod
+    def _point_stats(X, xp):
         return NormalWishartStats(
-            jnp.ones(X.shape[:-1], X.dtype), X, X[..., :, None] * X[..., None, :]
+            xp.ones(X.shape[:-1], X.dtype), X, X[..., :, None] * X[..., None, :]
         )
 
     def _posterior(self, stats):
+        return self._posterior_of(self, stats)
+
+    @staticmethod
+    def _posterior_of(p, stats):
         n = stats.n
-        rn = self.r + n
-        nun = self.nu + n
-        mn = (self.r * self.m0 + stats.sum_x) / rn[..., None]
+        rn = p.r + n
+        nun = p.nu + n
+        mn = (p.r * p.m0 + stats.sum_x) / rn[..., None]
         psin = (
-            self.psi
+            p.psi
             + stats.sum_xx
-            + self.r * jnp.outer(self.m0, self.m0)
+            + p.r * (p.m0[:, None] * p.m0[None, :])
             - rn[..., None, None] * mn[..., :, None] * mn[..., None, :]
         )
         return rn, nun, mn, psin
 
-    def log_marginal(self, stats):
-        d = self.psi.shape[-1]
-        rn, nun, mn, psin = self._posterior(stats)
+    @staticmethod
+    def _log_marginal(p, stats, m):
+        xp = m.xp
+        d = p.psi.shape[-1]
+        # Ψ_n = Ψ + r m0 m0ᵀ + Σxxᵀ − b bᵀ / r_n with b = r m0 + Σx (= r_n m_n): the
+        # posterior scale of _posterior_of, with the terms of the prior alone gathered
         n = stats.n
-        _, logdet_psi = jnp.linalg.slogdet(self.psi)
-        chol = jnp.linalg.cholesky(psin)
-        logdet_psin = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), -1)
+        rn = p.r + n
+        nun = p.nu + n
+        b = p.r * p.m0 + stats.sum_x
+        psi_prior = m.constant(p, "psi_plus_r_m0_m0", lambda: p.psi + p.r * (p.m0[:, None] * p.m0[None, :]))
+        psin = psi_prior + stats.sum_xx - (b[..., :, None] * b[..., None, :]) / rn[..., None, None]
+        prior = m.constant(  # the terms of the prior alone
+            p, "log_marginal_prior",
+            lambda: 0.5 * d * xp.log(p.r) + 0.5 * p.nu * m.logdet_pd(p.psi)
+            - m.multigammaln(0.5 * p.nu, d),
+        )
         return (
-            -0.5 * n * d * _LOG_PI
-            + 0.5 * d * (jnp.log(self.r) - jnp.log(rn))
-            + 0.5 * self.nu * logdet_psi
-            - 0.5 * nun * logdet_psin
-            + multigammaln(0.5 * nun, d)
-            - multigammaln(0.5 * self.nu, d)
+            prior
+            - 0.5 * n * d * _LOG_PI
+            - 0.5 * d * xp.log(rn)
+            - 0.5 * nun * m.logdet_pd(psin)
+            + m.multigammaln(0.5 * nun, d)
         )
 
     def predictive_params(self, stats):
@@ -437,18 +481,20 @@ class DirichletMultinomial(Family):
     def _beta(self, vocab: int):
         return jnp.broadcast_to(self.beta, (vocab,))
 
-    def point_stats(self, X):
-        X = jnp.asarray(X)
-        return CountStats(jnp.ones(X.shape[:-1], X.dtype), X)
+    @staticmethod
+    def _point_stats(X, xp):
+        return CountStats(xp.ones(X.shape[:-1], X.dtype), X)
 
-    def log_marginal(self, stats):
-        beta = self._beta(stats.counts.shape[-1])
-        total = jnp.sum(stats.counts, -1)
-        sb = jnp.sum(beta)
+    @staticmethod
+    def _log_marginal(p, stats, m):
+        xp = m.xp
+        beta = xp.broadcast_to(p.beta, (stats.counts.shape[-1],))
+        total = m.sum(stats.counts, -1)
+        sb = m.sum(beta)
         return (
-            gammaln(sb)
-            - gammaln(sb + total)
-            + jnp.sum(gammaln(beta + stats.counts) - gammaln(beta), -1)
+            m.gammaln(sb)
+            - m.gammaln(sb + total)
+            + m.sum(m.gammaln(beta + stats.counts) - m.gammaln(beta), -1)
         )
 
     def predictive_params(self, stats):
@@ -500,14 +546,15 @@ class BetaBernoulli(Family):
         """Uniform ``Beta(1, 1)`` prior on every feature."""
         return cls(a=1.0, b=1.0)
 
-    def point_stats(self, X):
-        X = jnp.asarray(X)
-        return BinaryStats(jnp.ones(X.shape[:-1], X.dtype), X)
+    @staticmethod
+    def _point_stats(X, xp):
+        return BinaryStats(xp.ones(X.shape[:-1], X.dtype), X)
 
-    def log_marginal(self, stats):
+    @staticmethod
+    def _log_marginal(p, stats, m):
         n = stats.n[..., None]
-        return jnp.sum(
-            _log_beta(self.a + stats.ones, self.b + n - stats.ones) - _log_beta(self.a, self.b), -1
+        return m.sum(
+            _log_beta(p.a + stats.ones, p.b + n - stats.ones, m) - _log_beta(p.a, p.b, m), -1
         )
 
     def predictive_params(self, stats):

@@ -28,9 +28,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.scipy.special import gammaln
 
+from .._math import JAX_MATH, NUMPY_MATH
 from .._pytree import ParameterPytree, concrete_value
 
 __all__ = ["Measure", "DP", "PitmanYor", "NGGP"]
@@ -142,7 +144,15 @@ class DP(Measure):
         )
 
     def log_kappa(self, m, u):
-        return jnp.log(self.alpha) + gammaln(m) - m * jnp.log1p(u)
+        return self._log_kappa(self, m, u, JAX_MATH)
+
+    def host_log_kappa(self, m, u) -> np.ndarray:
+        """``log κ(m, u)`` in NumPy float64 (the same formula; no JAX call)."""
+        return self._log_kappa(self.host_params(), np.asarray(m, np.float64), float(u), NUMPY_MATH)
+
+    @staticmethod
+    def _log_kappa(p, m, u, mth):
+        return mth.xp.log(p.alpha) + mth.gammaln(m) - m * mth.xp.log1p(u)
 
     def psi(self, u):
         return self.alpha * jnp.log1p(u)
@@ -221,12 +231,20 @@ class NGGP(Measure):
         return self.alpha * ((u + self.tau) ** self.sigma - self.tau**self.sigma)
 
     def log_kappa(self, m, u):
-        s = self.sigma
+        return self._log_kappa(self, m, u, JAX_MATH)
+
+    def host_log_kappa(self, m, u) -> np.ndarray:
+        """``log κ(m, u)`` in NumPy float64 (the same formula; no JAX call)."""
+        return self._log_kappa(self.host_params(), np.asarray(m, np.float64), float(u), NUMPY_MATH)
+
+    @staticmethod
+    def _log_kappa(p, m, u, mth):
+        s = p.sigma
         return (
-            jnp.log(self.alpha * s)
-            + gammaln(m - s)
-            - gammaln(1.0 - s)
-            + (s - m) * jnp.log(u + self.tau)
+            mth.xp.log(p.alpha * s)
+            + mth.gammaln(m - s)
+            - mth.gammaln(1.0 - s)
+            + (s - m) * mth.xp.log(u + p.tau)
         )
 
     def _log_size_terms(self, counts):

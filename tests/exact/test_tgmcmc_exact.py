@@ -118,6 +118,27 @@ def test_log_ratio_is_joint_difference_plus_proposal_ratio(name):
     assert seen == {"split", "merge"}
 
 
+@pytest.mark.parametrize("name", ["DP-NG", "NGGP-NW"])
+def test_early_rejection_gives_the_same_chain_with_an_upper_bound(name):
+    """Early rejection changes no decision (same uniform draws); where it skipped the full
+    ratio, the reported value is an upper bound of ``log r``."""
+    host = _host(name)[0]
+    num_early = num_exact = 0
+    for start in STATES[1:4]:
+        labels_full, infos_full = host.run(np.random.default_rng(3), start, 40, early_rejection=False)
+        labels_early, infos_early = host.run(np.random.default_rng(3), start, 40, early_rejection=True)
+        np.testing.assert_array_equal(labels_full, labels_early)
+        assert [i.accepted for i in infos_full] == [i.accepted for i in infos_early]
+        early = [(f, e) for f, e in zip(infos_full, infos_early) if not e.exact]
+        assert all(f.exact for f in infos_full)
+        assert all(e.log_ratio >= f.log_ratio - 1e-9 and not e.accepted for f, e in early)
+        exact = [(f, e) for f, e in zip(infos_full, infos_early) if e.exact and e.kind != "none"]
+        np.testing.assert_allclose([e.log_ratio for _, e in exact], [f.log_ratio for f, _ in exact],
+                                   rtol=0, atol=1e-9)  # (-inf: a merge that cannot be split back)
+        num_early, num_exact = num_early + len(early), num_exact + len(exact)
+    assert num_early > 0 and num_exact > 0  # both paths were exercised
+
+
 def _run(model, X, num_samples, seed=1, num_chains=8, **kwargs):
     mcmc = MCMC(
         bnp.TreeGuidedMCMC(model, **kwargs), num_warmup=50, num_samples=num_samples,
