@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 import zlib
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple, Sequence
@@ -508,6 +509,7 @@ def _union(masks) -> int:
 _MAX_HOSTS = 256
 _RUN_IDS = itertools.count()
 _HOSTS: OrderedDict[tuple, TreeGuidedHost] = OrderedDict()
+_HOSTS_LOCK = threading.Lock()
 
 
 def _fingerprint(X: np.ndarray) -> tuple:
@@ -516,16 +518,22 @@ def _fingerprint(X: np.ndarray) -> tuple:
 
 
 def _host_for(run_id: int, chain_id: int, X: np.ndarray, measure, family, u) -> TreeGuidedHost:
-    """The host state of one chain of one run (created on first use, with that call's parameters)."""
+    """The host state of one chain of one run (created on first use, with that call's parameters).
+
+    Thread-safe: under ``chain_method="parallel"`` the chains' callbacks run on
+    several threads at once (each chain has its own host; the registry is locked).
+    """
     key = (run_id, int(chain_id)) + _fingerprint(X)
-    host = _HOSTS.get(key)
+    with _HOSTS_LOCK:
+        host = _HOSTS.get(key)
+        if host is not None:
+            _HOSTS.move_to_end(key)
     if host is None:
-        host = TreeGuidedHost(np.asarray(X, dtype=np.float64), measure, family, u)
-        _HOSTS[key] = host
-        if len(_HOSTS) > _MAX_HOSTS:
-            _HOSTS.popitem(last=False)
-    else:
-        _HOSTS.move_to_end(key)
+        fresh = TreeGuidedHost(np.asarray(X, dtype=np.float64), measure, family, u)
+        with _HOSTS_LOCK:
+            host = _HOSTS.setdefault(key, fresh)
+            if len(_HOSTS) > _MAX_HOSTS:
+                _HOSTS.popitem(last=False)
     host.set_params(measure, family, u)
     return host
 
@@ -535,8 +543,9 @@ def _seed(key_data: np.ndarray) -> np.random.Generator:
 
 
 def _forget_run(run_id: int) -> None:
-    for key in [k for k in _HOSTS if k[0] == run_id]:
-        del _HOSTS[key]
+    with _HOSTS_LOCK:
+        for key in [k for k in _HOSTS if k[0] == run_id]:
+            del _HOSTS[key]
 
 
 def _host_global_moves(run_id, num_moves, early_rejection, chain_id, key_data, X, labels, measure,

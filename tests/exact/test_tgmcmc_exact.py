@@ -239,12 +239,13 @@ def test_same_key_same_draws_for_every_chain_method():
     X = _gaussian_data(N)
     model = _model(bnp.DP(1.0), NG)
     out = {}
-    for method in ("sequential", "vectorized"):
+    for method in ("sequential", "vectorized", "parallel"):  # parallel: callbacks on 2 threads
         mcmc = MCMC(bnp.TreeGuidedMCMC(model, num_global_moves=3, init="noisy"), num_warmup=5,
                     num_samples=20, num_chains=2, chain_method=method, progress_bar=False)
         mcmc.run(jax.random.key(3), X)
         out[method] = np.asarray(mcmc.get_samples(group_by_chain=True)["z"])
     np.testing.assert_array_equal(out["sequential"], out["vectorized"])
+    np.testing.assert_array_equal(out["sequential"], out["parallel"])
     assert not np.array_equal(out["vectorized"][0], out["vectorized"][1])
 
 
