@@ -25,10 +25,32 @@ from .models import (
 
 __version__ = "0.1.0"
 
+#: names loaded on first use (scikit-learn and ArviZ are imported only when needed)
+_LAZY = {
+    "DirichletProcessMixture": ("jaxbnp.estimators", "DirichletProcessMixture"),
+    "MAPDP": ("jaxbnp.estimators", "MAPDP"),
+    "metrics": ("jaxbnp.metrics", None),
+    "diagnostics": ("jaxbnp.diagnostics", None),
+    "checkpoint": ("jaxbnp.checkpoint", None),
+    "estimators": ("jaxbnp.estimators", None),
+    "plot": ("jaxbnp.plot", None),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module_name, attr = _LAZY[name]
+        module = importlib.import_module(module_name)
+        return module if attr is None else getattr(module, attr)
+    raise AttributeError(f"module 'jaxbnp' has no attribute {name!r}")
+
 __all__ = [
     "datasets",
     "DP", "NGGP", "PitmanYor",
     "NormalGamma", "NormalWishart", "DirichletMultinomial", "BetaBernoulli",
     "Partition", "ConjugateMixture", "AuxiliaryU", "log_joint",
     "CollapsedGibbs", "SplitMerge", "TreeGuidedMCMC", "collapsed_gibbs_fn", "ClusterState", "CapacityError",
+    "DirichletProcessMixture", "MAPDP", "metrics", "diagnostics", "checkpoint", "estimators", "plot",
 ]

@@ -1,5 +1,11 @@
 """scikit-learn style estimators.
 
+``DirichletProcessMixture``: posterior sampling of a BNP mixture (collapsed
+Gibbs, split-merge, tree-guided MCMC, or MAP-DP), summarised by a point
+estimate partition; ``fit`` / ``fit_predict`` / ``predict`` /
+``predict_proba`` / ``score_samples`` / ``score``. A scikit-learn estimator
+(``BaseEstimator``, ``ClusterMixin``) when scikit-learn is installed.
+
 ``MAPDP``: MAP-DP clustering (MATH.md §3), ``fit`` / ``fit_predict`` /
 ``predict`` / ``score_samples`` / ``score``.
 
@@ -14,6 +20,7 @@ Example
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Sequence
 
@@ -24,10 +31,10 @@ import numpy as np
 from ._validation import check_data
 from .inference import mapdp as mapdp_core
 from .inference.clusters import ClusterState, CapacityError
-from .models.families import Family, NormalGamma
+from .models.families import Family, NormalGamma, NormalWishart
 from .models.measures import DP, Measure, PitmanYor
 
-__all__ = ["MAPDP", "select_alpha", "SingleClusterWarning"]
+__all__ = ["MAPDP", "DirichletProcessMixture", "select_alpha", "SingleClusterWarning", "NotFittedError"]
 
 
 class SingleClusterWarning(UserWarning):
@@ -270,3 +277,583 @@ def _select_alpha(X, alphas, family, method, n_folds, random_state, **mapdp_kwar
         scores.append(np.mean(fold_scores))
     scores = np.array(scores)
     return alphas[int(np.argmax(scores))], scores
+
+
+# ============================================================================= DP mixture (MCMC)
+try:  # scikit-learn is optional: with it the estimator is a true sklearn estimator
+    from sklearn.base import BaseEstimator as _BaseEstimator
+    from sklearn.base import ClusterMixin as _ClusterMixin
+    from sklearn.exceptions import NotFittedError
+except ImportError:  # pragma: no cover - exercised only without scikit-learn
+    import inspect
+
+    class NotFittedError(ValueError, AttributeError):
+        """Raised when a method needs a fitted estimator."""
+
+    class _BaseEstimator:
+        """``get_params``/``set_params`` from the constructor's signature (sklearn's protocol)."""
+
+        @classmethod
+        def _get_param_names(cls):
+            sig = inspect.signature(cls.__init__)
+            return sorted(p for p in sig.parameters if p != "self")
+
+        def get_params(self, deep: bool = True) -> dict:
+            return {k: getattr(self, k) for k in self._get_param_names()}
+
+        def set_params(self, **params: Any):
+            valid = self._get_param_names()
+            for k, v in params.items():
+                if k not in valid:
+                    raise ValueError(f"{type(self).__name__} has no parameter {k!r}; valid: {valid}.")
+                setattr(self, k, v)
+            return self
+
+        def __repr__(self) -> str:
+            args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+            return f"{type(self).__name__}({args})"
+
+    class _ClusterMixin:
+        def fit_predict(self, X, y=None, **kwargs):
+            return self.fit(X, **kwargs).labels_
+
+
+METHODS = ("gibbs", "splitmerge", "tgmcmc", "mapdp")
+
+#: keyword options each method accepts through ``method_options``
+METHOD_OPTIONS = {
+    "gibbs": ("init_strategy", "chain_batching"),
+    "splitmerge": ("num_split_merge", "num_restricted_scans", "gibbs_sweeps", "init_strategy",
+                   "chain_batching"),
+    "tgmcmc": ("num_global_moves", "depth", "init", "local_moves", "chain_batching"),
+    "mapdp": ("n_restarts", "mode", "tol", "max_iter", "block_size", "split_moves"),
+}
+
+#: points per block of prediction (inputs are padded to these sizes to reuse compiled code)
+_SMALL_BLOCK, _BLOCK = 8, 64
+
+
+def _dpm_model(X, measure, family):
+    """The DP (or PY / NGGP) mixture model the estimator samples: ``z ~ Partition``, ``X ~ ConjugateMixture``."""
+    import numpyro
+
+    from .models.distributions import AuxiliaryU, ConjugateMixture, Partition
+
+    u = numpyro.sample("u", AuxiliaryU()) if measure.has_auxiliary else None
+    z = numpyro.sample("z", Partition(measure, X.shape[0], u=u))
+    numpyro.sample("X", ConjugateMixture(family, z), obs=X)
+
+
+def _kernel_class(method: str):
+    from .inference import CollapsedGibbs, SplitMerge, TreeGuidedMCMC
+
+    return {"gibbs": CollapsedGibbs, "splitmerge": SplitMerge, "tgmcmc": TreeGuidedMCMC}[method]
+
+
+def _make_runner(method, options, capacity, num_chains, num_warmup, num_samples, thinning):
+    """A jitted ``run(key, X, measure, family) -> (last_state, draws)``.
+
+    It does what ``numpyro.infer.MCMC(kernel, num_warmup=W, num_samples=N * thinning,
+    thinning=thinning, num_chains=C, chain_method="vectorized").run(key, X)`` does
+    (same key splitting, same kernel calls, same kept iterations), so the draws are the
+    same (log joints up to rounding in the last bit), but it is one compiled program
+    that later fits with the same settings and shapes reuse (NumPyro traces and
+    compiles its sampling loop again on every ``run``: several seconds per call).
+    """
+    kernel_cls = _kernel_class(method)
+    total = num_warmup + num_samples * thinning
+
+    def run(key, X, measure, family):
+        model = functools.partial(_dpm_model, measure=measure, family=family)
+        kernel = kernel_cls(model, capacity=capacity, **dict(options))
+        keys = jax.random.split(key, num_chains) if num_chains > 1 else key
+        state = kernel.init(keys, num_warmup, None, (X,), {})
+
+        def collect(s):
+            out = {"labels": s.z["z"], "log_joint": s.log_joint, "num_clusters": s.num_clusters}
+            if "u" in s.z:
+                out["u"] = s.z["u"]
+            return out
+
+        buffers = jax.tree.map(
+            lambda a: jnp.zeros((num_samples,) + jnp.shape(a), jnp.result_type(a)), collect(state)
+        )
+
+        def body(i, carry):
+            s, buf = carry
+            s = kernel.sample(s, (X,), {})
+            j = i - num_warmup
+            # NumPyro's fori_collect keeps the last iteration of each block of `thinning`
+            keep = (j >= 0) & (j % thinning == thinning - 1)
+            idx = jnp.clip(j // thinning, 0, num_samples - 1)
+            buf = jax.tree.map(
+                lambda b, v: b.at[idx].set(jnp.where(keep, v, b[idx])), buf, collect(s)
+            )
+            return s, buf
+
+        return jax.lax.fori_loop(0, total, body, (state, buffers))
+
+    return jax.jit(run)
+
+
+_RUNNERS: Any = None  # OrderedDict of compiled runners, most recently used last
+
+
+def _runner(method, options, capacity, num_chains, num_warmup, num_samples, thinning):
+    """A cached runner for ``gibbs``/``splitmerge``; a fresh one for ``tgmcmc``.
+
+    tgMCMC keeps its trees on the host, keyed by a run id fixed when the
+    program is traced, so each fit traces its own program.
+    """
+    global _RUNNERS
+    from collections import OrderedDict
+
+    args = (method, options, capacity, num_chains, num_warmup, num_samples, thinning)
+    if method == "tgmcmc":
+        return _make_runner(*args)
+    if _RUNNERS is None:
+        _RUNNERS = OrderedDict()
+    if args not in _RUNNERS:
+        _RUNNERS[args] = _make_runner(*args)
+        while len(_RUNNERS) > 16:
+            _RUNNERS.popitem(last=False)
+    _RUNNERS.move_to_end(args)
+    return _RUNNERS[args]
+
+
+def _predictive_tables(X, draws, measure, family, u, estimate):
+    """Per-draw quantities for the posterior predictive (host NumPy arrays).
+
+    ``params``: the family's predictive parameters of every draw's clusters,
+    leaves ``(T, K_max, ...)``; ``log_weight``: normalised log Gibbs weights of
+    joining each cluster (``-inf`` for empty slots), ``(T, K_max)``;
+    ``log_weight_new``: of a new cluster, ``(T,)``; ``overlap[t, j, k]``: the
+    fraction of draw ``t``'s cluster ``j`` in the estimate's cluster ``k``.
+    """
+    T, n = draws.shape
+    k_max = int(draws.max()) + 1
+    Xj = jnp.asarray(X)
+    params, prior, log_w, log_w_new, counts = _tables(
+        Xj, jnp.asarray(draws, jnp.int32), jnp.asarray(u, Xj.dtype), measure, family, k_max
+    )
+    k_hat = int(estimate.max()) + 1
+    codes = (np.arange(T)[:, None] * k_max + draws) * k_hat + estimate[None, :]
+    overlap = np.bincount(codes.ravel(), minlength=T * k_max * k_hat).reshape(T, k_max, k_hat)
+    counts = np.asarray(counts, dtype=float)
+    overlap = overlap / np.maximum(counts, 1.0)[:, :, None]
+    to_host = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731
+    return {
+        "params": to_host(params),
+        "prior_params": to_host(prior),
+        "log_weight": np.asarray(log_w),
+        "log_weight_new": np.asarray(log_w_new),
+        "overlap": overlap,
+    }
+
+
+@functools.partial(jax.jit, static_argnames="k_max")
+def _tables(X, labels, u, measure, family, k_max):
+    """Statistics, predictive parameters and normalised Gibbs weights of every draw's clusters."""
+    n = X.shape[0]
+    stats = jax.vmap(lambda lab: family.stats_from_labels(X, lab, k_max))(labels)
+    counts = jax.vmap(
+        lambda lab: jax.ops.segment_sum(jnp.ones(n, jnp.int32), lab, num_segments=k_max)
+    )(labels)
+    params = jax.vmap(family.predictive_params)(stats)
+    log_existing, log_new = jax.vmap(
+        lambda c, uu: measure.gibbs_log_weights(c, uu if measure.has_auxiliary else None)
+    )(counts, u)
+    log_new = jnp.broadcast_to(log_new, (labels.shape[0],))
+    norm = jnp.logaddexp(jax.nn.logsumexp(log_existing, axis=1), log_new)
+    prior = family.prior_predictive_params(X.shape[1], X.dtype)
+    return params, prior, log_existing - norm[:, None], log_new - norm, counts
+
+
+@jax.jit
+def _predictive_block(X_block, family, params, prior_params, log_weight, log_weight_new, overlap):
+    """Log posterior predictive density and assignment probabilities of a block of points."""
+    num_draws = log_weight.shape[0]
+
+    def one(x):
+        lp = jax.vmap(lambda p: family.log_predictive_from_params(x, p))(params)  # (T, K)
+        lp0 = family.log_predictive_from_params(x, prior_params)[0]
+        existing = jnp.where(jnp.isfinite(log_weight), log_weight + lp, -jnp.inf)
+        new = log_weight_new + lp0
+        total = jnp.logaddexp(jax.nn.logsumexp(existing), jax.nn.logsumexp(new))
+        proba = jnp.einsum("tj,tjk->k", jnp.exp(existing - total), overlap)
+        proba_new = jnp.exp(jax.nn.logsumexp(new) - total)
+        return total - jnp.log(num_draws), proba, proba_new
+
+    return jax.lax.map(one, X_block)
+
+
+def _is_sparse(X) -> bool:
+    try:
+        import scipy.sparse
+    except ImportError:  # pragma: no cover - scipy comes with jax
+        return False
+    return scipy.sparse.issparse(X)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}.")
+    return int(value)
+
+
+class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
+    """Bayesian nonparametric mixture clustering by MCMC (or MAP-DP), scikit-learn style.
+
+    Samples the posterior over partitions ``p(Π | X)`` of a conjugate mixture
+    with a ``DP`` (default), ``PitmanYor`` or ``NGGP`` partition prior
+    (MATH.md §1-2), then summarises it: ``labels_`` is the partition
+    minimising the posterior expected variation of information (or Binder's
+    loss) over the draws (:func:`jaxbnp.metrics.point_estimate`).
+
+    :param method: ``"gibbs"`` (collapsed Gibbs, ``bnp.CollapsedGibbs``),
+        ``"splitmerge"`` (Jain-Neal split-merge + Gibbs, ``bnp.SplitMerge``),
+        ``"tgmcmc"`` (tree-guided MCMC, ``bnp.TreeGuidedMCMC``; DP or NGGP) or
+        ``"mapdp"`` (the MAP partition by :class:`MAPDP`; DP or Pitman-Yor;
+        no draws: ``num_chains``, ``num_warmup``, ``num_samples`` and
+        ``thinning`` are ignored).
+    :param measure: the partition prior; ``None`` means ``DP(1.0)``.
+    :param family: a conjugate family; ``None`` means
+        ``NormalWishart.from_data(X)`` (the tgMCMC paper's settings; needs
+        at least 2 points and a non-singular sample covariance).
+    :param num_chains: independent chains, run vectorized in one program.
+    :param num_warmup: iterations discarded per chain.
+    :param num_samples: draws kept per chain.
+    :param thinning: keep every ``thinning``-th post-warm-up iteration (the
+        last of each block of ``thinning``, as NumPyro does;
+        ``num_samples * thinning`` iterations are run after warm-up).
+    :param capacity: cluster slots; ``None`` means ``n`` (at most 128). When
+        a chain needs more, the fit restarts with twice as many (up to ``n``).
+    :param point_estimate: ``"vi"`` or ``"binder"``: the loss ``labels_`` minimises.
+    :param method_options: extra keyword options of the method's kernel (see
+        ``METHOD_OPTIONS``), e.g. ``{"num_split_merge": 5}`` or, for MAP-DP,
+        ``{"split_moves": True, "n_restarts": 4}``. Gibbs and split-merge
+        start from a draw of the partition prior (``init_strategy="prior"``;
+        the kernels' default, one cluster, can stay stuck for a long time on
+        well-separated groups).
+    :param random_state: integer seed of the ``jax.random.key``; ``None``
+        means 0. The same seed gives the same draws.
+
+    Fitted attributes: ``labels_`` (``(n,)`` point estimate, ``0..K-1``),
+    ``n_clusters_``, ``posterior_samples_`` (dict of draws grouped by chain:
+    ``labels`` ``(C, S, n)``, ``log_joint`` ``(C, S)``, ``num_clusters``
+    ``(C, S)``, and ``u`` for NGGP; for MAP-DP a single "draw", the MAP
+    partition, with ``log_joint = −NLL``), ``measure_``, ``family_``,
+    ``capacity_``, ``n_features_in_`` (``feature_names_in_`` for DataFrames
+    with string column names), ``mapdp_`` (the fitted :class:`MAPDP`, MAP-DP only).
+
+    Prediction uses the posterior predictive averaged over the draws: a new
+    point ``x`` joins draw ``t``'s cluster ``j`` with probability proportional
+    to ``w_tj p(x | X_tj)`` and a new cluster with ``w_t,new p(x)`` (the
+    measure's normalised Gibbs weights, MATH.md §1), jointly over all draws.
+    ``predict_proba`` maps draw clusters onto the clusters of ``labels_`` by
+    their overlap (``|C_tj ∩ Ĉ_k| / |C_tj|``) and adds a last column for a
+    new cluster; ``predict`` takes the most probable existing cluster, or
+    ``-1`` with ``allow_new=True`` when a new cluster is more probable than
+    every existing one. ``score_samples`` is ``log p(x | X)``.
+
+    The label draws equal those of ``numpyro.infer.MCMC(kernel, num_warmup=W,
+    num_samples=S * thinning, thinning=thinning, num_chains=C,
+    chain_method="vectorized").run(jax.random.key(random_state), X)`` for the
+    kernel (with ``capacity`` and the ``method_options`` above) on the model
+    ``z ~ Partition(measure, n)``,
+    ``X ~ ConjugateMixture(family, z)`` (with an ``AuxiliaryU`` site ``u`` for
+    NGGP), with log joints equal up to the last bit (the data are an argument
+    of the estimator's compiled program and constants of NumPyro's, which XLA
+    may round differently). The compiled sampler is reused by later fits with
+    the same settings and data shape (a grid over ``alpha`` compiles once).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from jaxbnp.estimators import DirichletProcessMixture
+    >>> rng = np.random.default_rng(0)
+    >>> X = np.r_[rng.normal(-5, 1, (30, 2)), rng.normal(5, 1, (30, 2))]
+    >>> dpm = DirichletProcessMixture(random_state=0).fit(X)
+    >>> dpm.n_clusters_
+    2
+    >>> dpm.predict(np.array([[-5.0, -5.0], [5.0, 5.0]])).tolist()
+    [0, 1]
+    >>> int(dpm.predict_proba(np.array([[40.0, 40.0]])).argmax())  # a new cluster: the last column
+    2
+    """
+
+    def __init__(
+        self,
+        method: str = "gibbs",
+        measure: Measure | None = None,
+        family: Family | None = None,
+        num_chains: int = 1,
+        num_warmup: int = 100,
+        num_samples: int = 200,
+        thinning: int = 1,
+        capacity: int | None = None,
+        point_estimate: str = "vi",
+        method_options: dict | None = None,
+        random_state: int | None = None,
+    ):
+        self.method = method
+        self.measure = measure
+        self.family = family
+        self.num_chains = num_chains
+        self.num_warmup = num_warmup
+        self.num_samples = num_samples
+        self.thinning = thinning
+        self.capacity = capacity
+        self.point_estimate = point_estimate
+        self.method_options = method_options
+        self.random_state = random_state
+
+    # -- validation ------------------------------------------------------------------------
+    def _check_params(self):
+        from .models.measures import NGGP
+
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}.")
+        measure = self.measure if self.measure is not None else DP(1.0)
+        if not isinstance(measure, Measure):
+            raise ValueError(
+                "measure must be bnp.DP, bnp.PitmanYor or bnp.NGGP (e.g. DP(1.0)), "
+                f"got {self.measure!r}."
+            )
+        if self.method == "mapdp" and not isinstance(measure, (DP, PitmanYor)):
+            raise ValueError(f"method='mapdp' supports DP and PitmanYor measures, got {type(measure).__name__}.")
+        if self.method == "tgmcmc" and not isinstance(measure, (DP, NGGP)):
+            raise ValueError(
+                f"method='tgmcmc' supports DP and NGGP measures, got {type(measure).__name__}; "
+                "use method='gibbs' or 'splitmerge'."
+            )
+        if self.family is not None and not isinstance(self.family, Family):
+            raise ValueError(
+                "family must be a conjugate family (bnp.NormalWishart, bnp.NormalGamma, "
+                f"bnp.DirichletMultinomial, bnp.BetaBernoulli) or None, got {self.family!r}."
+            )
+        _check_int("num_chains", self.num_chains, 1)
+        _check_int("num_warmup", self.num_warmup, 0)
+        _check_int("num_samples", self.num_samples, 1)
+        _check_int("thinning", self.thinning, 1)
+        if self.capacity is not None:
+            _check_int("capacity", self.capacity, 1)
+        if self.point_estimate not in ("vi", "binder"):
+            raise ValueError(f"point_estimate must be 'vi' or 'binder', got {self.point_estimate!r}.")
+        options = {} if self.method_options is None else self.method_options
+        if not isinstance(options, dict):
+            raise ValueError(f"method_options must be a dict or None, got {type(options).__name__}.")
+        unknown = sorted(set(options) - set(METHOD_OPTIONS[self.method]))
+        if unknown:
+            raise ValueError(
+                f"method_options {unknown} are not options of method={self.method!r}; "
+                f"valid: {list(METHOD_OPTIONS[self.method])}."
+            )
+        if self.random_state is not None:
+            if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)):
+                raise ValueError(f"random_state must be an integer seed or None, got {self.random_state!r}.")
+        return measure, dict(options)
+
+    def _validate_X(self, X: Any, reset: bool) -> np.ndarray:
+        """``X`` as a 2-D float array, or a clear error (scikit-learn's messages where it has one)."""
+        if _is_sparse(X):
+            raise TypeError(
+                "DirichletProcessMixture does not accept sparse input; pass a dense array "
+                "(X.toarray())."
+            )
+        names = None
+        columns = getattr(X, "columns", None)
+        if columns is not None and hasattr(X, "to_numpy"):
+            if all(isinstance(c, str) for c in columns):
+                names = np.asarray(list(columns), dtype=object)
+            X = X.to_numpy()
+        arr = np.asarray(X)
+        if np.issubdtype(arr.dtype, np.complexfloating):
+            raise ValueError("Complex data not supported; pass real-valued X.")
+        if arr.dtype == object:
+            arr = arr.astype(float)  # a TypeError names the offending entry
+        if arr.ndim != 2:
+            raise ValueError(
+                f"Expected a 2-D array X of shape (n_samples, n_features), got shape {arr.shape}. "
+                "Reshape your data with X.reshape(-1, 1) if it has a single feature or "
+                "X.reshape(1, -1) if it is a single sample."
+            )
+        if arr.ndim == 2 and arr.shape[0] == 0:
+            raise ValueError(
+                f"Found array with 0 sample(s) (shape={arr.shape}) while a minimum of 1 is required."
+            )
+        if arr.ndim == 2 and arr.shape[1] == 0:
+            raise ValueError(
+                f"Found array with 0 feature(s) (shape={arr.shape}) while a minimum of 1 is required."
+            )
+        arr = check_data(arr)
+        if reset:
+            self.n_features_in_ = arr.shape[1]
+            if names is not None:
+                self.feature_names_in_ = names
+            elif hasattr(self, "feature_names_in_"):
+                del self.feature_names_in_
+        else:
+            if arr.shape[1] != self.n_features_in_:
+                raise ValueError(
+                    f"X has {arr.shape[1]} features, but {type(self).__name__} is expecting "
+                    f"{self.n_features_in_} features as input."
+                )
+            fitted = getattr(self, "feature_names_in_", None)
+            if fitted is not None and names is not None and list(names) != list(fitted):
+                raise ValueError(
+                    "The feature names of X differ from those seen in fit: "
+                    f"{list(names)} != {list(fitted)}; pass the columns in the same order."
+                )
+        return arr
+
+    def _check_fitted(self):
+        if not hasattr(self, "labels_"):
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet; call fit(X) first."
+            )
+
+    # -- fitting ---------------------------------------------------------------------------
+    def fit(self, X: Any, y: Any = None) -> "DirichletProcessMixture":
+        """Sample the posterior over partitions of ``X`` ``(n, D)`` (NumPy array or DataFrame)."""
+        measure, options = self._check_params()
+        for name in ("mapdp_", "_predictive"):  # a refit with another method starts clean
+            self.__dict__.pop(name, None)
+        X = self._validate_X(X, reset=True)
+        n = X.shape[0]
+        if self.family is None and n < 2:
+            raise ValueError(
+                "The default family NormalWishart.from_data(X) needs at least 2 samples "
+                f"(got {n} sample); pass more points or a family."
+            )
+        family = self.family if self.family is not None else NormalWishart.from_data(X)
+        X = check_data(X, family=family)
+        seed = 0 if self.random_state is None else int(self.random_state)
+        if self.method == "mapdp":
+            return self._fit_mapdp(X, measure, family, options, seed)
+
+        if self.method in ("gibbs", "splitmerge"):
+            # from one cluster, single-point moves rarely split well-separated groups
+            options.setdefault("init_strategy", "prior")
+        Xj = jnp.asarray(X, dtype=jnp.result_type(float))
+        capacity = int(self.capacity) if self.capacity is not None else min(n, 128)
+        while True:
+            run = _runner(self.method, tuple(sorted(options.items())), capacity,
+                          int(self.num_chains), int(self.num_warmup), int(self.num_samples),
+                          int(self.thinning))
+            try:
+                _, draws = run(jax.random.key(seed), Xj, measure, family)
+                draws = jax.device_get(draws)
+                break
+            except Exception as exc:  # grow the capacity on the host and start again
+                if "cluster slots are in use" not in str(exc) or capacity >= n:
+                    raise
+                capacity = min(2 * capacity, n)
+        chains = int(self.num_chains)
+
+        def by_chain(a):
+            a = np.asarray(a)
+            return np.swapaxes(a, 0, 1) if chains > 1 else a[None]
+
+        samples = {k: by_chain(v) for k, v in draws.items()}
+        samples["labels"] = samples["labels"].astype(np.int32)
+        samples["num_clusters"] = samples["num_clusters"].astype(np.int64)
+        from .metrics import point_estimate
+
+        flat = samples["labels"].reshape(-1, n)
+        self.labels_ = point_estimate(flat, loss=self.point_estimate)
+        self.n_clusters_ = int(self.labels_.max()) + 1
+        self.posterior_samples_ = samples
+        self.measure_ = measure
+        self.family_ = family
+        self.capacity_ = capacity
+        u = samples["u"].reshape(-1) if "u" in samples else np.ones(flat.shape[0])
+        self._predictive = _predictive_tables(Xj, flat, measure, family, u, self.labels_)
+        return self
+
+    def _fit_mapdp(self, X, measure, family, options, seed):
+        alpha = float(np.asarray(measure.alpha))
+        est = MAPDP(alpha=alpha, family=family, measure=measure, random_state=seed, **options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SingleClusterWarning)
+            est.fit(X)
+        for w in caught:
+            if issubclass(w.category, SingleClusterWarning):
+                warnings.warn(
+                    "MAP-DP kept all points in one cluster; if you expected several, pass "
+                    "method_options={'split_moves': True} (the NLL still never increases).",
+                    SingleClusterWarning, stacklevel=3,
+                )
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        self.mapdp_ = est
+        self.labels_ = est.labels_.astype(np.int64)
+        self.n_clusters_ = int(est.n_clusters_)
+        self.posterior_samples_ = {
+            "labels": est.labels_.astype(np.int32)[None, None],
+            "log_joint": np.array([[-est.nll_]]),
+            "num_clusters": np.array([[est.n_clusters_]], dtype=np.int64),
+        }
+        self.measure_ = measure
+        self.family_ = family
+        self.capacity_ = None
+        return self
+
+    def fit_predict(self, X: Any, y: Any = None) -> np.ndarray:
+        """``fit(X).labels_``: the point estimate partition of ``X``."""
+        return self.fit(X).labels_
+
+    # -- prediction ------------------------------------------------------------------------
+    def _predictive_terms(self, X: Any):
+        """``(log density (m,), proba existing (m, K), proba new (m,))`` of new points."""
+        self._check_fitted()
+        X = self._validate_X(X, reset=False)
+        X = check_data(X, family=self.family_)
+        if hasattr(self, "mapdp_"):
+            proba = self.mapdp_.predict_proba(X)
+            return self.mapdp_.score_samples(X), proba[:, :-1], proba[:, -1]
+        m = X.shape[0]
+        block = _SMALL_BLOCK if m <= _SMALL_BLOCK else _BLOCK
+        padded = -(-m // block) * block
+        Xp = np.zeros((padded, X.shape[1]))
+        Xp[:m] = X
+        Xp[m:] = X[0]  # any valid point; the padding rows are dropped
+        Xp = jnp.asarray(Xp, dtype=jnp.result_type(float))
+        t = self._predictive
+        outs = [
+            _predictive_block(Xp[i:i + block], self.family_, t["params"], t["prior_params"],
+                              t["log_weight"], t["log_weight_new"], t["overlap"])
+            for i in range(0, padded, block)
+        ]
+        log_density, proba, proba_new = (
+            np.concatenate([np.asarray(o[k]) for o in outs])[:m] for k in range(3)
+        )
+        return log_density, proba, proba_new
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Posterior predictive probabilities ``(m, n_clusters_ + 1)``: joining each cluster
+        of ``labels_``, and (last column) a new cluster. Rows sum to 1."""
+        _, proba, proba_new = self._predictive_terms(X)
+        return np.concatenate([proba, proba_new[:, None]], axis=1)
+
+    def predict(self, X: Any, allow_new: bool = False) -> np.ndarray:
+        """Most probable cluster of ``labels_`` for each new point.
+
+        With ``allow_new=True`` a point whose most probable option is a new
+        cluster gets ``-1``; by default it gets the most probable existing one.
+        """
+        _, proba, proba_new = self._predictive_terms(X)
+        labels = np.argmax(proba, axis=1).astype(np.int64)
+        if allow_new:
+            labels = np.where(proba_new > proba.max(axis=1), -1, labels)
+        return labels
+
+    def score_samples(self, X: Any) -> np.ndarray:
+        """Log posterior predictive density ``log p(x | X)`` of each row (averaged over draws)."""
+        return np.asarray(self._predictive_terms(X)[0], dtype=float)
+
+    def score(self, X: Any, y: Any = None) -> float:
+        """Mean log posterior predictive density per point."""
+        return float(np.mean(self.score_samples(X)))

@@ -1,0 +1,73 @@
+"""DirichletProcessMixture beyond the default settings: its draws against NumPyro's ``MCMC``
+with two chains, split-merge, tree-guided MCMC (with an NGGP prior) and MAP-DP.
+
+Each test compiles its own samplers (about 10 s of CPU each on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpyro.infer import MCMC
+from sklearn.metrics import adjusted_rand_score
+
+import jaxbnp as bnp
+from jaxbnp.estimators import MAPDP, DirichletProcessMixture, SingleClusterWarning, _dpm_model
+from tests.test_estimators_dpm import _blobs
+
+
+def test_draws_equal_numpyro_mcmc_with_the_same_key_two_chains_thinned():
+    X, _ = _blobs(12)
+    family = bnp.NormalGamma(0.0, 0.2, 2.0, 1.0)
+    dpm = DirichletProcessMixture(family=family, num_warmup=3, num_samples=3, thinning=2,
+                                  num_chains=2, random_state=7).fit(X)
+    model = functools.partial(_dpm_model, measure=bnp.DP(1.0), family=family)
+    mcmc = MCMC(bnp.CollapsedGibbs(model, init_strategy="prior"), num_warmup=3, num_samples=6,
+                thinning=2, num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(7), jnp.asarray(X), extra_fields=("log_joint", "num_clusters"))
+    extra = mcmc.get_extra_fields(group_by_chain=True)
+    post = dpm.posterior_samples_
+    assert post["labels"].shape == (2, 3, 12)
+    np.testing.assert_array_equal(post["labels"], mcmc.get_samples(group_by_chain=True)["z"])
+    np.testing.assert_array_equal(post["num_clusters"], extra["num_clusters"])
+    # the data are an argument of the estimator's compiled program and constants of NumPyro's:
+    # XLA may round the log joint differently in the last bit
+    np.testing.assert_allclose(post["log_joint"], extra["log_joint"], rtol=1e-13)
+
+
+@pytest.mark.parametrize("method, measure, options", [
+    ("splitmerge", bnp.DP(1.0), {"num_split_merge": 3}),
+    ("tgmcmc", bnp.NGGP(1.0, 0.3), {"num_global_moves": 3, "depth": 1}),  # NGGP: the u site
+])
+def test_other_samplers_find_the_blobs(method, measure, options):
+    X, y = _blobs(24)
+    dpm = DirichletProcessMixture(method=method, measure=measure, method_options=options,
+                                  num_warmup=5, num_samples=5, random_state=1).fit(X)
+    assert adjusted_rand_score(y, dpm.labels_) == 1.0
+    post = dpm.posterior_samples_
+    assert post["labels"].shape == (1, 5, 24)
+    if measure.has_auxiliary:
+        assert post["u"].shape == (1, 5) and np.all(post["u"] > 0)
+    proba = dpm.predict_proba(X[:3])
+    np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-12)
+    np.testing.assert_array_equal(dpm.predict(X[:3]), dpm.labels_[:3])
+
+
+def test_mapdp_delegates_to_MAPDP():
+    X, _ = _blobs(24)
+    with pytest.warns(SingleClusterWarning, match=re.escape("method_options={'split_moves': True}")):
+        dpm = DirichletProcessMixture(method="mapdp", random_state=3).fit(X)
+    with pytest.warns(SingleClusterWarning):
+        ref = MAPDP(alpha=1.0, family=bnp.NormalWishart.from_data(X), random_state=3).fit(X)
+    np.testing.assert_array_equal(dpm.labels_, ref.labels_)
+    np.testing.assert_allclose(dpm.predict_proba(X[:5]), ref.predict_proba(X[:5]))
+    np.testing.assert_allclose(dpm.score_samples(X[:5]), ref.score_samples(X[:5]))
+    assert dpm.posterior_samples_["labels"].shape == (1, 1, 24)
+    assert dpm.posterior_samples_["log_joint"][0, 0] == pytest.approx(-ref.nll_)
+    with pytest.raises(ValueError, match="X has 3 features, but DirichletProcessMixture is expecting 2"):
+        dpm.predict(np.zeros((2, 3)))
