@@ -63,6 +63,7 @@ def _run_gibbs(X, family, alpha, args):
     import numpyro
     from numpyro.infer import MCMC
 
+    from . import checkpoint as checkpointing
     from . import models
     from .inference import CollapsedGibbs, SplitMerge, TreeGuidedMCMC
 
@@ -71,6 +72,18 @@ def _run_gibbs(X, family, alpha, args):
         numpyro.sample("X", models.ConjugateMixture(family, z), obs=X)
 
     capacity = args.capacity
+    checkpoint = Path(args.out) / "checkpoint.pkl"
+    settings_file = Path(args.out) / "checkpoint_settings.json"
+    if args.resume:
+        if not checkpoint.exists():
+            raise SystemExit(f"jaxbnp: --resume: no checkpoint at {checkpoint}; run with "
+                             "--checkpoint-every N first.")
+        saved = json.loads(settings_file.read_text())
+        for name in ("method", "family", "alpha", "chains", "seed"):
+            if saved[name] != getattr(args, name):
+                raise SystemExit(f"jaxbnp: --resume: the checkpoint was made with --{name} "
+                                 f"{saved[name]}, not {getattr(args, name)}; pass the same options.")
+        capacity = saved["capacity"]  # the saved state has this many cluster slots
     while True:
         if args.method == "splitmerge":  # the tgMCMC paper's SM baseline: moves + a Gibbs sweep
             kernel = SplitMerge(model, num_split_merge=args.split_merge_moves, capacity=capacity)
@@ -87,16 +100,29 @@ def _run_gibbs(X, family, alpha, args):
             chain_method="vectorized",
             progress_bar=args.progress,
         )
+        fields = ("log_joint", "num_clusters")
         try:
-            mcmc.run(jax.random.key(args.seed), X, extra_fields=("log_joint", "num_clusters"))
+            if args.resume:
+                source = checkpointing.resume(mcmc, checkpoint, X, num_samples=args.samples,
+                                              every=args.checkpoint_every or None)
+            elif args.checkpoint_every:
+                settings = {k: getattr(args, k) for k in ("method", "family", "alpha", "chains", "seed")}
+                settings_file.write_text(json.dumps({**settings, "capacity": capacity}) + "\n")
+                source = checkpointing.run_with_checkpoints(
+                    mcmc, jax.random.key(args.seed), X, path=checkpoint,
+                    every=args.checkpoint_every, extra_fields=fields,
+                )
+            else:
+                mcmc.run(jax.random.key(args.seed), X, extra_fields=fields)
+                source = mcmc
             break
         except Exception as exc:  # grow the capacity on the host and start again
-            if "cluster slots are in use" not in str(exc) or capacity >= len(X):
+            if "cluster slots are in use" not in str(exc) or capacity >= len(X) or args.resume:
                 raise
             capacity = min(2 * capacity, len(X))
             print(f"jaxbnp: all cluster slots used; restarting with capacity={capacity}", file=sys.stderr)
-    z = np.asarray(mcmc.get_samples(group_by_chain=True)["z"])
-    extra = mcmc.get_extra_fields(group_by_chain=True)
+    z = np.asarray(source.get_samples(group_by_chain=True)["z"])
+    extra = source.get_extra_fields(group_by_chain=True)
     return z, np.asarray(extra["log_joint"]), np.asarray(extra["num_clusters"]), capacity
 
 
@@ -128,9 +154,18 @@ def _cluster(args) -> int:
         z, log_joint, num_clusters, capacity = _run_gibbs(X, family, args.alpha, args)
     seconds = time.perf_counter() - t0
 
+    diagnostics = None
     if z is not None:
+        from . import diagnostics as diag
+        from .metrics import point_estimate
+
         chain, draw = np.unravel_index(np.argmax(log_joint), log_joint.shape)
-        best = z[chain, draw]
+        best_draw = z[chain, draw]
+        draws = z.reshape(-1, z.shape[-1])
+        best = point_estimate(draws, loss="vi")  # minimises the posterior expected VI
+        diagnostics = diag.summary({"num_clusters": num_clusters, "log_joint": log_joint, "labels": z})
+    else:
+        best_draw = best
     summary = {
         "data": source,
         "num_points": int(X.shape[0]),
@@ -143,21 +178,28 @@ def _cluster(args) -> int:
         "samples": args.samples,
         "capacity": capacity,
         "seconds": round(seconds, 3),
-        "clusters_best_draw": int(len(np.unique(best))),
+        "clusters_point_estimate": int(len(np.unique(best))),
+        "point_estimate": "min expected variation of information over the draws"
+        if z is not None else "MAP-DP",
+        "clusters_best_draw": int(len(np.unique(best_draw))),
         "clusters_posterior_mean": float(num_clusters.mean()),
         "clusters_posterior_range": [int(num_clusters.min()), int(num_clusters.max())],
         "log_joint_best": float(np.nanmax(log_joint)),
         "log_joint_last_mean": float(log_joint[:, -1].mean()),
         "dtype": str(jax.numpy.asarray(X).dtype),
     }
+    if diagnostics is not None:
+        summary["diagnostics"] = _jsonable(diagnostics)
     if y is not None:
         try:
             from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-            summary["nmi_best_draw"] = float(normalized_mutual_info_score(y, best))
-            summary["ari_best_draw"] = float(adjusted_rand_score(y, best))
+            summary["nmi"] = float(normalized_mutual_info_score(y, best))
+            summary["ari"] = float(adjusted_rand_score(y, best))
+            summary["nmi_best_draw"] = float(normalized_mutual_info_score(y, best_draw))
+            summary["ari_best_draw"] = float(adjusted_rand_score(y, best_draw))
         except ImportError:
-            summary["nmi_best_draw"] = None
+            summary["nmi"] = None
             print('jaxbnp: install scikit-learn ("jaxbnp[plot]") for NMI/ARI.', file=sys.stderr)
 
     np.savetxt(out / "labels.csv", best, fmt="%d", header="cluster", comments="")
@@ -167,15 +209,23 @@ def _cluster(args) -> int:
         from .plot import _pyplot, plot_clusters, plot_trace
 
         plt = _pyplot()
-        ax = plot_clusters(X, best, title=f"{summary['clusters_best_draw']} clusters (best draw)")
+        title = (f"{summary['clusters_point_estimate']} clusters "
+                 + ("(point estimate)" if z is not None else "(MAP-DP)"))
+        ax = plot_clusters(X, best, title=title)
         ax.figure.savefig(out / "clusters.png", dpi=120, bbox_inches="tight")
         plt.close(ax.figure)
         plots = ["clusters.png"]
         if args.method != "mapdp":
+            from .metrics import posterior_similarity
+            from .plot import plot_coclustering
+
             axes = plot_trace(log_joint, num_clusters)
             axes[0].figure.savefig(out / "trace.png", dpi=120, bbox_inches="tight")
             plt.close(axes[0].figure)
-            plots.append("trace.png")
+            ax = plot_coclustering(posterior_similarity(z.reshape(-1, z.shape[-1])), labels=best)
+            ax.figure.savefig(out / "coclustering.png", dpi=120, bbox_inches="tight")
+            plt.close(ax.figure)
+            plots += ["trace.png", "coclustering.png"]
     except ImportError as exc:
         print(f"jaxbnp: no plots ({exc})", file=sys.stderr)
 
@@ -192,15 +242,36 @@ def _cluster(args) -> int:
         splits = "without" if args.no_split_moves else "with"
         print(f"method    mapdp ({args.mapdp_mode}, {splits} split moves): {args.chains} restart(s), "
               f"DP(alpha={args.alpha}), {args.family}, {est.n_iter_} iterations")
-    print(f"clusters  {summary['clusters_best_draw']} in the best draw; posterior mean "
-          f"{summary['clusters_posterior_mean']:.2f}, range {summary['clusters_posterior_range']}")
+    if z is not None:
+        k = diagnostics["num_clusters"]
+        print(f"clusters  {summary['clusters_point_estimate']} in the point estimate (min expected VI); "
+              f"posterior mean {k['mean']:.2f}, {100 * 0.95:.0f}% HPD {list(k['hpd'])}, "
+              f"{summary['clusters_best_draw']} in the best draw")
+        lj = diagnostics["log_joint"]
+        print(f"converge  ESS of K {k['ess']:.0f}, split R-hat {k['r_hat']:.3f}; "
+              f"log joint ESS {lj['ess']:.0f}, R-hat {lj['r_hat']:.3f}")
+    else:
+        print(f"clusters  {summary['clusters_point_estimate']}")
     print(f"log joint {summary['log_joint_best']:.2f} (best draw)")
-    if summary.get("nmi_best_draw") is not None:
-        print(f"NMI       {summary['nmi_best_draw']:.3f}   ARI {summary['ari_best_draw']:.3f} (against known labels)")
+    if summary.get("nmi") is not None:
+        print(f"NMI       {summary['nmi']:.3f}   ARI {summary['ari']:.3f} (point estimate against known labels)")
     print(f"time      {seconds:.2f} s (compilation included)")
     print(f"wrote     {out / 'labels.csv'}, {out / 'summary.json'}"
           + "".join(f", {out / p}" for p in plots))
     return 0
+
+
+def _jsonable(obj):
+    """Diagnostics as plain JSON values (NumPy scalars, tuples, int keys, NaN as null)."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer, int)) and not isinstance(obj, bool):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if np.isfinite(obj) else None
+    return obj
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="cluster a data set (default: the embedded toy_ring set)",
         description="Cluster DATA (a .csv, .txt or .npy file of shape points x features; "
         "default: the embedded 2-D toy_ring set with 13 known clusters) with a DP mixture, "
-        "print a summary and write labels.csv, summary.json, clusters.png and trace.png to --out.",
+        "print a summary and write labels.csv (the point estimate), summary.json (with "
+        "convergence diagnostics), clusters.png, trace.png and coclustering.png to --out.",
     )
     c.add_argument("data", nargs="?", help="data file (.csv/.txt/.npy); omitted = embedded toy_ring")
     c.add_argument("--labels", help="file of known labels, one per line, to report NMI/ARI")
@@ -244,19 +316,29 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
     c.add_argument("--out", default="jaxbnp-out", help="output folder (default ./jaxbnp-out)")
     c.add_argument("--progress", action="store_true", help="show NumPyro's progress bar")
+    c.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="save the chains' state and draws to OUT/checkpoint.pkl every N draws "
+                   "(default 0: no checkpoints); an interrupted run keeps what was saved")
+    c.add_argument("--resume", action="store_true",
+                   help="continue the run saved in OUT/checkpoint.pkl: --samples more draws per "
+                   "chain (same --method, --family, --alpha, --chains, --seed as the saved run); "
+                   "the draws equal those of one uninterrupted run")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "cluster":
+        non_negative = ("warmup", "global_moves", "checkpoint_every")
         for name in ("chains", "warmup", "samples", "capacity", "split_merge_moves",
-                     "global_moves", "depth"):
-            if getattr(args, name) < (0 if name in ("warmup", "global_moves") else 1):
-                bound = "non-negative" if name in ("warmup", "global_moves") else "positive"
+                     "global_moves", "depth", "checkpoint_every"):
+            if getattr(args, name) < (0 if name in non_negative else 1):
+                bound = "non-negative" if name in non_negative else "positive"
                 raise SystemExit(f"jaxbnp: --{name.replace('_', '-')} must be {bound}.")
         if not args.alpha > 0:
             raise SystemExit("jaxbnp: --alpha must be > 0.")
+        if args.resume and args.method == "mapdp":
+            raise SystemExit("jaxbnp: --resume applies to the MCMC methods, not mapdp.")
         return _cluster(args)
     return 1  # pragma: no cover
 

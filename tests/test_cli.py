@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 
 def _run_cli(*args, cwd):
@@ -30,6 +31,9 @@ def test_cluster_default_data_set(tmp_path):
     labels = np.loadtxt(out / "labels.csv", skiprows=1)
     assert labels.shape == (1300,)
     assert (out / "clusters.png").stat().st_size > 1000 and (out / "trace.png").exists()
+    assert (out / "coclustering.png").exists() and "R-hat" in r.stdout
+    assert 5 <= summary["clusters_point_estimate"] <= 20 and summary["nmi"] > 0.7
+    assert summary["diagnostics"]["num_clusters"]["ess"] > 0
 
 
 def test_cluster_csv_file_and_bad_file(tmp_path):
@@ -62,3 +66,25 @@ def test_cluster_splitmerge_tgmcmc_and_mapdp(tmp_path, capsys, monkeypatch):
                      "--samples", "10", "--out", method]) == 0
         assert f"method    {method}" in capsys.readouterr().out
         assert json.loads((tmp_path / method / "summary.json").read_text())["clusters_best_draw"] == 2
+
+
+def test_cluster_checkpoint_and_resume(tmp_path, capsys, monkeypatch):
+    """--checkpoint-every saves the run; --resume continues it (same draws as one run: tests/test_checkpoint.py)."""
+    from jaxbnp.checkpoint import load_checkpoint
+    from jaxbnp.cli import main
+
+    rng = np.random.default_rng(2)
+    X = np.r_[rng.normal(-4, 1, (20, 2)), rng.normal(4, 1, (20, 2))]
+    np.savetxt(tmp_path / "x.csv", X, delimiter=",")
+    monkeypatch.chdir(tmp_path)
+    common = ["cluster", "x.csv", "--family", "normal-gamma", "--chains", "2", "--warmup", "5", "--out", "o"]
+    assert main([*common, "--samples", "6", "--checkpoint-every", "3"]) == 0
+    assert load_checkpoint(tmp_path / "o" / "checkpoint.pkl").samples["z"].shape == (2, 6, 40)
+    assert main([*common, "--samples", "4", "--resume"]) == 0
+    run = load_checkpoint(tmp_path / "o" / "checkpoint.pkl")
+    assert run.samples["z"].shape == (2, 10, 40) and run.complete
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match="--seed"):
+        main([*common, "--samples", "4", "--resume", "--seed", "5"])
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        main([*common[:-1], "elsewhere", "--resume"])
