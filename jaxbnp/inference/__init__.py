@@ -9,3 +9,9 @@ __all__ = [
     "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn",
     "SplitMerge", "TreeGuidedMCMC",
 ]
+
+# Dirichlet diffusion trees: within-chain MCMC and population MCMC (MATH.md §5)
+from .ddt_mcmc import DDTFit, DiffusionTreeMCMC, fit_ddt  # noqa: E402
+from .population import PopulationDDT  # noqa: E402
+
+__all__ += ["DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt"]

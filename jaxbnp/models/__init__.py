@@ -9,3 +9,8 @@ __all__ = [
     "BetaBernoulli", "DirichletMultinomial", "Family", "NormalGamma", "NormalWishart",
     "DP", "NGGP", "Measure", "PitmanYor",
 ]
+
+# Dirichlet diffusion trees (MATH.md §5)
+from .ddt import BrownianLeaves, DiffusionTree, Tree, cut_tree, to_linkage  # noqa: E402
+
+__all__ += ["BrownianLeaves", "DiffusionTree", "Tree", "cut_tree", "to_linkage"]

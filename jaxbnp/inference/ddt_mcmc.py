@@ -1,0 +1,833 @@
+"""Within-chain MCMC for Dirichlet diffusion trees (Neal 2003), pure core + NumPyro kernel.
+
+MATH.md §5. Target: ``p(tree | c) p(X | tree, σ, s) p(c) p(σ) p(s)`` with the
+structure and data terms of :mod:`jaxbnp.models.ddt`. One :func:`step` is
+
+1. ``num_subtree_moves`` subtree moves (Neal's move): pick a non-root node
+   ``s`` uniformly, detach the subtree below it (its parent ``w`` is freed and
+   its sibling ``u`` joins ``w``'s parent), then propose a new divergence
+   point ``(u', t')`` by the prior process of a new path on the rest ``R``
+   (:func:`~jaxbnp.models.ddt.sample_attachment`); proposals with
+   ``t' >= t_s`` (above the subtree's own top) are rejected. Metropolis-Hastings
+   with the exact ratio::
+
+       log r = [log p(T'|c) + log p(X|T')] − [log p(T|c) + log p(X|T)]
+               + log q(u, t_w | R) − log q(u', t' | R)
+
+   The choice of ``s`` is symmetric and ``R`` is the same both ways. For a
+   single leaf the structure terms and ``q`` cancel exactly, leaving MH on the
+   data term (Neal's move); for a larger subtree the leftover structure
+   ratio is kept, so the move is exact for subtrees of any size.
+2. A divergence-time sweep: every internal node in turn gets a random-walk
+   MH update of ``logit((t − lo)/(hi − lo))`` between its parent's time
+   ``lo`` (``0`` at the root) and its earliest child's time ``hi``
+   (symmetric logistic increments of scale ``time_step_size``), with the
+   Jacobian in the ratio.
+3. Hyperparameters that are model sites, each by slice sampling its log
+   (any prior on ``(0, ∞)``): ``c`` with the closed form of the structure
+   term, ``(n−1) log c − c S + const`` with
+   ``S = Σ_v (ℓ(t_v) − ℓ(t_p(v))) H_{m_v−1}``, ``ℓ(t) = −log(1−t)`` (so a
+   ``Gamma(α, β)`` prior is conjugate, ``c | tree ~ Gamma(α + n − 1, β + S)``;
+   the slice update is used anyway: the Gamma sampler is slow to compile),
+   ``σ`` and ``s`` with the data term by message passing.
+
+Everything is jit-compiled with static shapes and vmaps over chains; all the
+randomness of a step comes from one ``jax.random.uniform`` call (each random
+call site costs compile time). Floating point: proposals whose times round
+onto a neighbour's (or onto 1) give trees off the support and are rejected.
+
+Kernel pattern: ``init(tree, X, c, sigma, noise) -> DDTState`` and
+``step(key, state, X, hyperpriors) -> (DDTState, DDTInfo)``.
+:class:`DiffusionTreeMCMC` wraps it as a NumPyro ``MCMCKernel``;
+:func:`fit_ddt` is the one-call entry point used by the CLI.
+
+Example
+-------
+>>> import jax, numpyro, numpyro.distributions as dist, jaxbnp as bnp
+>>> from numpyro.infer import MCMC
+>>> from jaxbnp.models.ddt import DiffusionTree, BrownianLeaves
+>>> from jaxbnp.inference.ddt_mcmc import DiffusionTreeMCMC
+>>> def model(X):
+...     c = numpyro.sample("c", dist.LogNormal(0.0, 1.0))
+...     tree = numpyro.sample("tree", DiffusionTree(c, X.shape[0]))
+...     numpyro.sample("X", BrownianLeaves(tree, 1.0, 0.1), obs=X)
+>>> mcmc = MCMC(DiffusionTreeMCMC(model), num_warmup=5, num_samples=5, progress_bar=False)
+>>> mcmc.run(jax.random.key(0), jax.numpy.zeros((4, 2)))
+>>> mcmc.get_samples()["tree"].time.shape
+(5, 7)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from jax import lax
+from numpyro.handlers import seed, substitute, trace
+from numpyro.infer.mcmc import MCMCKernel
+from numpyro.util import is_prng_key
+
+from .._validation import check_data
+from ..models.ddt import (
+    BrownianLeaves,
+    DiffusionTree,
+    Tree,
+    _attach,
+    _descend,
+    _detach,
+    _evaluate,
+    ancestor_mask,
+    bottom_up_order,
+    check_tree,
+    comb_tree,
+    cut_tree,
+    harmonic_numbers,
+    log_attachment_density,
+    log_likelihood,
+    num_leaves,
+    root_of,
+    structure_log_prior,
+)
+
+__all__ = [
+    "Hyperpriors", "DDTState", "DDTInfo", "init", "step",
+    "subtree_move", "update_c", "update_sigma", "update_noise",
+    "DiffusionTreeMCMC", "DiffusionTreeMCMCState", "DDTFit", "fit_ddt",
+]
+
+
+class Hyperpriors(NamedTuple):
+    """Priors (NumPyro distributions on ``(0, ∞)``) of the hyperparameters to update; ``None`` = fixed."""
+
+    c: Any = None
+    sigma: Any = None
+    noise: Any = None
+
+
+class DDTState(NamedTuple):
+    """One chain: the tree, the hyperparameters and the cached terms of MATH.md §5.
+
+    log_prior: structure term ``log p(tree | c)``.
+    log_likelihood: data term ``log p(X | tree, σ, s)``.
+    sizes: leaves below each node ``(2n−1,)`` (cached: the moves need them).
+    """
+
+    tree: Tree
+    c: jax.Array
+    sigma: jax.Array
+    noise: jax.Array
+    log_prior: jax.Array
+    log_likelihood: jax.Array
+    sizes: jax.Array
+
+
+class DDTInfo(NamedTuple):
+    """Acceptance counts of one :func:`step`."""
+
+    subtree_accepted: jax.Array
+    subtree_proposed: jax.Array
+    time_accepted: jax.Array
+    time_proposed: jax.Array
+
+
+def init(tree: Tree, X: Any, c: Any, sigma: Any, noise: Any = 0.0) -> DDTState:
+    """State of one chain (computes both cached terms). ``X``: ``(n, D)``."""
+    dtype = tree.time.dtype
+    X = jnp.asarray(X, dtype)
+    c, sigma, noise = (jnp.asarray(v, dtype) for v in (c, sigma, noise))
+    lp, ll, sizes = _evaluate(tree, X, c, sigma, noise)
+    return DDTState(tree, c, sigma, noise, lp, ll, sizes)
+
+
+def _select(pred, new, old):
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
+# ----------------------------------------------------------------------------- proposals
+def _proposal_log_ratio(log_q_back, log_q_fwd):
+    """``log q(T | T') − log q(T' | T)`` of the subtree move (a function so tests can break it)."""
+    return log_q_back - log_q_fwd
+
+
+def _subtree_proposal(unif: jax.Array, state: DDTState):
+    """Detach a uniformly chosen non-root subtree and re-attach it where a new path
+    would diverge from the rest (module docstring, step 1).
+
+    ``unif``: ``(n+1, 2)`` uniforms (rows ``0..n−1`` drive the path, row ``n``
+    the node). Returns ``(tree', log q ratio, valid)``.
+    """
+    tree, sizes, c = state.tree, state.sizes, state.c
+    n = num_leaves(tree)
+    root = root_of(tree)
+    r = jnp.minimum(jnp.floor(unif[n, 0] * (2 * n - 2)).astype(jnp.int32), 2 * n - 3)
+    s = jnp.where(r < root, r, r + 1)  # uniform over the 2n-2 non-root nodes
+    t_old = tree.time[tree.parent[s]]
+    anc = ancestor_mask(tree.parent, s)  # includes the parent w that is freed
+    rest, root_rest, w, u = _detach(tree, root, s)
+    sizes_rest = sizes - sizes[s] * anc.astype(jnp.int32)
+    anc_u = anc.at[w].set(False)  # u's ancestors in the rest are w's ancestors
+    u_new, t_new, path = _descend(unif[:n], rest, sizes_rest, root_rest, c)
+    log_q_back = log_attachment_density(rest, sizes_rest, root_rest, u, t_old, c, anc_u)
+    log_q_fwd = log_attachment_density(rest, sizes_rest, root_rest, u_new, t_new, c, path)
+    new_tree, _ = _attach(rest, root_rest, s, u_new, t_new, w)
+    return new_tree, _proposal_log_ratio(log_q_back, log_q_fwd), t_new < tree.time[s]
+
+
+def _time_proposal(step: jax.Array, state: DDTState, j: jax.Array):
+    """Random walk of ``logit((t − lo)/(hi − lo))`` by ``step`` for internal node ``n+j``;
+    returns ``(tree', log Jacobian ratio, valid)``."""
+    tree = state.tree
+    n = num_leaves(tree)
+    v = n + j
+    p = tree.parent[v]
+    lo = jnp.where(p >= 0, tree.time[jnp.maximum(p, 0)], 0.0)
+    hi = jnp.minimum(tree.time[tree.children[j, 0]], tree.time[tree.children[j, 1]])
+    width = hi - lo
+    t = tree.time[v]
+    z_new = jnp.log(t - lo) - jnp.log(hi - t) + step
+    t_new = lo + width * jax.nn.sigmoid(z_new)
+    log_jac = (jax.nn.log_sigmoid(z_new) + jax.nn.log_sigmoid(-z_new)) - (
+        jnp.log(t - lo) + jnp.log(hi - t) - 2.0 * jnp.log(width)
+    )
+    new_tree = tree._replace(time=tree.time.at[v].set(t_new))
+    return new_tree, log_jac, (t_new > lo) & (t_new < hi)
+
+
+def _metropolis(state: DDTState, X, proposal: Tree, log_q_ratio, valid, log_u):
+    lp, ll, sizes = _evaluate(proposal, X, state.c, state.sigma, state.noise)
+    log_r = (lp + ll) - (state.log_prior + state.log_likelihood) + log_q_ratio
+    ok = valid & (log_u < log_r)  # NaN -> reject
+    new = state._replace(tree=proposal, log_prior=lp, log_likelihood=ll, sizes=sizes)
+    return _select(ok, new, state), ok
+
+
+def subtree_move(key: jax.Array, state: DDTState, X: jax.Array) -> tuple[DDTState, jax.Array]:
+    """One subtree (prune and re-attach) Metropolis-Hastings move; module docstring, step 1."""
+    n = num_leaves(state.tree)
+    unif = jax.random.uniform(key, (n + 2, 2), state.tree.time.dtype)
+    proposal, log_q, valid = _subtree_proposal(unif[: n + 1], state)
+    return _metropolis(state, jnp.asarray(X, state.tree.time.dtype), proposal, log_q, valid, jnp.log(unif[n + 1, 0]))
+
+
+def _tree_moves(unif, state: DDTState, X, num_subtree_moves: int, step_size):
+    """``num_subtree_moves`` subtree moves, then one time move per internal node, driven by
+    the uniforms ``unif`` (:func:`_num_tree_uniforms` of them).
+
+    One loop whose body builds both kinds of proposal and evaluates the chosen
+    one, so the program holds a single copy of the (looping) data term. The
+    time moves' increments are logistic (``step_size · logit(U)``): symmetric.
+    """
+    n = num_leaves(state.tree)
+    total = num_subtree_moves + n - 1
+    rows = max(num_subtree_moves, 1)
+    unif_sub = unif[: rows * (n + 1) * 2].reshape(rows, n + 1, 2)
+    u_time = unif[rows * (n + 1) * 2: rows * (n + 1) * 2 + n - 1]
+    steps = step_size * (jnp.log(u_time) - jnp.log1p(-u_time))
+    log_u = jnp.log(unif[rows * (n + 1) * 2 + n - 1:])
+
+    def body(i, carry):
+        state, acc_sub, acc_time = carry
+        is_sub = i < num_subtree_moves
+        j = jnp.clip(i - num_subtree_moves, 0, n - 2)
+        sub = _subtree_proposal(unif_sub[jnp.minimum(i, rows - 1)], state)
+        tim = _time_proposal(steps[j], state, j)
+        proposal, log_q, valid = _select(is_sub, sub, tim)
+        state, ok = _metropolis(state, X, proposal, log_q, valid, log_u[i])
+        ok = ok.astype(jnp.int32)
+        return state, acc_sub + ok * is_sub, acc_time + ok * (1 - is_sub)
+
+    zero = jnp.zeros((), jnp.int32)
+    return lax.fori_loop(0, total, body, (state, zero, zero))
+
+
+def _num_tree_uniforms(n: int, num_subtree_moves: int) -> int:
+    return max(num_subtree_moves, 1) * (n + 1) * 2 + (n - 1) + (num_subtree_moves + n - 1)
+
+
+# ------------------------------------------------------------------------- hyperparameters
+def _log_prior_positive(prior, x):
+    return jnp.where(prior.support(x), prior.log_prob(x), -jnp.inf)
+
+
+MAX_STEPS_OUT = 16
+MAX_SHRINKS = 64
+_SLICE_UNIFORMS = 3 + MAX_SHRINKS
+
+
+def _slice_log(unif, prior, x0, term0, log_term, width=1.0):
+    """Slice update of ``y = log x`` targeting ``p(x) exp(log_term(x)) x`` (Neal 2003, Fig. 3
+    stepping out with a random split of ``MAX_STEPS_OUT``, then shrinkage).
+
+    Written as one ``while_loop`` with a single call of ``log_term`` per
+    iteration (stepping out left, then right, then shrinking), so the compiled
+    program holds one copy of the density (the data term is a loop itself).
+    ``unif``: ``3 + MAX_SHRINKS`` uniforms. ``term0 = log_term(x0)`` is known
+    from the cached state; returns ``(x, log_term(x))``. If shrinkage has not
+    accepted after ``MAX_SHRINKS`` tries the chain stays at ``x0`` (never
+    seen: it needs a degenerate density).
+    """
+    dtype = x0.dtype
+    y0 = jnp.log(x0)
+    log_level = _log_prior_positive(prior, x0) + y0 + term0 + jnp.log(unif[0])
+    left = y0 - width * unif[1]
+    j = jnp.floor(MAX_STEPS_OUT * unif[2]).astype(jnp.int32)
+    shrink_unif = unif[3:]
+
+    def density(y):
+        x = jnp.exp(y)
+        term = log_term(x)
+        return _log_prior_positive(prior, x) + y + term, term
+
+    def cond(c):
+        return (~c[6]) & (c[7] < MAX_SHRINKS)
+
+    def body(c):
+        phase, left, right, j, k, y, done, i, term = c
+        phase = jnp.where((phase == 0) & (j <= 0), 1, phase)
+        phase = jnp.where((phase == 1) & (k <= 0), 2, phase)
+        cand = left + (right - left) * shrink_unif[jnp.minimum(i, MAX_SHRINKS - 1)]
+        point = jnp.where(phase == 0, left, jnp.where(phase == 1, right, cand))
+        f, t = density(point)
+        above = f > log_level
+        out_left = (phase == 0) & above
+        out_right = (phase == 1) & above
+        shrinking = phase == 2
+        accept = shrinking & above
+        left = jnp.where(out_left, left - width, jnp.where(shrinking & ~above & (cand < y0), cand, left))
+        right = jnp.where(out_right, right + width, jnp.where(shrinking & ~above & (cand >= y0), cand, right))
+        j = jnp.where(out_left, j - 1, j)
+        k = jnp.where(out_right, k - 1, k)
+        phase = jnp.where((phase == 0) & ~above, 1, jnp.where((phase == 1) & ~above, 2, phase))
+        return (phase, left, right, j, k, jnp.where(accept, cand, y), accept,
+                i + shrinking.astype(jnp.int32), jnp.where(accept, t, term))
+
+    init_c = (jnp.int32(0), left, left + width, j, MAX_STEPS_OUT - 1 - j, y0, jnp.array(False),
+              jnp.int32(0), jnp.asarray(term0, dtype))
+    _, _, _, _, _, y, _, _, term = lax.while_loop(cond, body, init_c)
+    return jnp.exp(y).astype(dtype), term
+
+
+def _uniforms(key, state):
+    return jax.random.uniform(key, (_SLICE_UNIFORMS,), state.tree.time.dtype)
+
+
+def _c_statistic(tree: Tree, sizes: jax.Array) -> jax.Array:
+    """``S = Σ_v (ℓ(t_v) − ℓ(t_p(v))) H_{m_v−1}``, ``ℓ(t) = −log(1−t)``: the structure
+    term is ``(n−1) log c − c S + const``."""
+    n = num_leaves(tree)
+    t = tree.time[n:]
+    p = tree.parent[n:]
+    tp = jnp.where(p >= 0, tree.time[jnp.maximum(p, 0)], 0.0)
+    harm = harmonic_numbers(n, t.dtype)[jnp.clip(sizes[n:] - 1, 0, n - 1)]
+    return jnp.sum((jnp.log1p(-tp) - jnp.log1p(-t)) * harm)
+
+
+def update_c(key: jax.Array, state: DDTState, prior) -> DDTState:
+    """Slice update of ``log c`` given the tree, with the closed form
+    ``log p(tree | c) = (n−1) log c − c S + const`` (module docstring, step 3)."""
+    return _update_c(_uniforms(key, state), state, prior)
+
+
+def _update_c(unif, state, prior):
+    tree, sizes = state.tree, state.sizes
+    n = num_leaves(tree)
+    stat = _c_statistic(tree, sizes)
+    rel = lambda v: (n - 1) * jnp.log(v) - v * stat  # noqa: E731
+    c, _ = _slice_log(unif, prior, state.c, rel(state.c), rel)
+    return state._replace(c=c, log_prior=structure_log_prior(tree, c, sizes))
+
+
+def update_sigma(key: jax.Array, state: DDTState, X: jax.Array, prior) -> DDTState:
+    """Slice update of ``log σ`` given the tree (data term by message passing)."""
+    return _update_sigma(_uniforms(key, state), state, X, prior)
+
+
+def _update_sigma(unif, state, X, prior):
+    order = bottom_up_order(state.tree)
+    sigma, ll = _slice_log(
+        unif, prior, state.sigma, state.log_likelihood,
+        lambda v: log_likelihood(state.tree, X, v, state.noise, order=order),
+    )
+    return state._replace(sigma=sigma, log_likelihood=ll)
+
+
+def update_noise(key: jax.Array, state: DDTState, X: jax.Array, prior) -> DDTState:
+    """Slice update of ``log s`` (observation noise) given the tree."""
+    return _update_noise(_uniforms(key, state), state, X, prior)
+
+
+def _update_noise(unif, state, X, prior):
+    order = bottom_up_order(state.tree)
+    noise, ll = _slice_log(
+        unif, prior, state.noise, state.log_likelihood,
+        lambda v: log_likelihood(state.tree, X, state.sigma, v, order=order),
+    )
+    return state._replace(noise=noise, log_likelihood=ll)
+
+
+# ------------------------------------------------------------------------------------ step
+def step(
+    key: jax.Array,
+    state: DDTState,
+    X: jax.Array,
+    hyperpriors: Hyperpriors = Hyperpriors(),
+    *,
+    num_subtree_moves: int | None = None,
+    time_step_size: float = 1.0,
+) -> tuple[DDTState, DDTInfo]:
+    """One sweep: subtree moves, a divergence-time move per internal node, then the hyperparameters.
+
+    ``num_subtree_moves`` defaults to ``n``. ``hyperpriors`` (static structure,
+    any ``None`` is held fixed) gives the priors of ``c``, ``σ`` and ``s``.
+    """
+    n = num_leaves(state.tree)
+    dtype = state.tree.time.dtype
+    X = jnp.asarray(X, dtype)
+    num = n if num_subtree_moves is None else int(num_subtree_moves)
+    if num < 0:
+        raise ValueError(f"num_subtree_moves must be >= 0, got {num_subtree_moves}.")
+    # all the step's randomness in one call: each random call site costs compile time
+    m = _num_tree_uniforms(n, num)
+    unif = jax.random.uniform(key, (m + 3 * _SLICE_UNIFORMS,), dtype)
+    slices = unif[m:].reshape(3, _SLICE_UNIFORMS)
+    state, sub_acc, time_acc = _tree_moves(unif[:m], state, X, num, time_step_size)
+    if hyperpriors.c is not None:
+        state = _update_c(slices[0], state, hyperpriors.c)
+    if hyperpriors.sigma is not None:
+        state = _update_sigma(slices[1], state, X, hyperpriors.sigma)
+    if hyperpriors.noise is not None:
+        state = _update_noise(slices[2], state, X, hyperpriors.noise)
+    info = DDTInfo(sub_acc, jnp.asarray(num, jnp.int32), time_acc, jnp.asarray(n - 1, jnp.int32))
+    return state, info
+
+
+# ------------------------------------------------------------------------- NumPyro kernel
+class ModelSpec(NamedTuple):
+    """What the kernel reads off one trace of the model."""
+
+    tree_site: str
+    data_site: str
+    c_site: str | None
+    sigma_site: str | None
+    noise_site: str | None
+    num_points: int
+
+
+class DiffusionTreeMCMCState(NamedTuple):
+    """State of :class:`DiffusionTreeMCMC` (one chain; a leading axis when vectorised).
+
+    z: the sites the kernel owns (``tree`` and the hyperparameter sites).
+    chain: the core :class:`DDTState`.
+    log_joint: the model's log density at ``z``: structure + data terms plus
+        the hyperparameters' prior log densities (the unnormalised log posterior).
+    subtree_accepted: subtree moves accepted in the last iteration.
+    rng_key: key for the next iteration.
+    """
+
+    z: dict
+    chain: DDTState
+    log_joint: jax.Array
+    subtree_accepted: jax.Array
+    rng_key: jax.Array
+
+
+def _trace_model(model, z, model_args, model_kwargs, key=None, fill_tree: bool = False):
+    def fill(site):
+        if isinstance(site["fn"], DiffusionTree) and not site["is_observed"]:
+            return comb_tree(site["fn"].num_points)
+        return None
+
+    m = substitute(model, data=z)
+    if fill_tree:
+        m = substitute(m, substitute_fn=fill)
+    key = jax.random.key(0) if key is None else key
+    return trace(seed(m, key)).get_trace(*model_args, **(model_kwargs or {}))
+
+
+def _check_positive_prior(fn, name: str, what: str) -> None:
+    if getattr(fn, "event_shape", ()) != () or getattr(fn, "batch_shape", ()) != ():
+        raise ValueError(f"The prior of {what} (site '{name}') must be a scalar distribution.")
+    with jax.ensure_compile_time_eval():  # init may run inside pmap (chain_method="parallel")
+        negative_allowed = fn.support(jnp.asarray(-1.0))
+    if isinstance(negative_allowed, jax.core.Tracer):
+        return  # a support that depends on traced parameters cannot be checked here
+    if bool(negative_allowed):
+        raise ValueError(
+            f"The prior of {what} (site '{name}') must live on (0, inf), e.g. dist.Gamma or "
+            f"dist.LogNormal; got {type(fn).__name__}."
+        )
+
+
+def _find_spec(tr, kernel_name: str) -> ModelSpec:
+    trees = [
+        name for name, s in tr.items()
+        if s["type"] == "sample" and isinstance(s["fn"], DiffusionTree) and not s["is_observed"]
+    ]
+    if len(trees) != 1:
+        raise ValueError(
+            f"{kernel_name} needs a model with exactly one latent DiffusionTree site, e.g. "
+            "tree = numpyro.sample('tree', DiffusionTree(c, n)); "
+            f"found {len(trees)} ({trees})."
+        )
+    datas = [
+        name for name, s in tr.items()
+        if s["type"] == "sample" and isinstance(s["fn"], BrownianLeaves) and s["is_observed"]
+    ]
+    if len(datas) != 1:
+        raise ValueError(
+            f"{kernel_name} needs exactly one observed BrownianLeaves site, e.g. "
+            "numpyro.sample('X', BrownianLeaves(tree, sigma, noise), obs=X); "
+            f"found {len(datas)}."
+        )
+    tree_site, data_site = tr[trees[0]], tr[datas[0]]
+    if data_site["fn"].tree is not tree_site["value"]:
+        raise ValueError(
+            f"The BrownianLeaves site '{datas[0]}' must take the DiffusionTree site's value "
+            f"('{trees[0]}') unchanged as its tree."
+        )
+    owned = {trees[0]}
+    found = {}
+    for key, value, what in (
+        ("c", tree_site["fn"].c, "c (the divergence parameter)"),
+        ("sigma", data_site["fn"].sigma, "sigma (the Brownian scale)"),
+        ("noise", data_site["fn"].noise, "noise (the observation noise)"),
+    ):
+        found[key] = None
+        for name, s in tr.items():
+            if s["type"] == "sample" and not s["is_observed"] and s["value"] is value:
+                _check_positive_prior(s["fn"], name, what)
+                found[key] = name
+                owned.add(name)
+    others = [
+        name for name, s in tr.items()
+        if s["type"] == "sample" and not s["is_observed"] and name not in owned
+    ]
+    if others:
+        raise ValueError(
+            f"The model has latent sites {others} that {kernel_name} does not update: it updates "
+            "the tree and c, sigma, noise when they are sample sites passed unchanged to "
+            "DiffusionTree / BrownianLeaves (priors on (0, inf)). Make the others constants or "
+            "observed. (Composing with NUTS through numpyro.infer.Gibbs is not possible: NumPyro's "
+            "model checks need array-valued sites, and a tree is a pytree.)"
+        )
+    return ModelSpec(trees[0], datas[0], found["c"], found["sigma"], found["noise"], tree_site["fn"].num_points)
+
+
+def _map_chains(init_one: Callable, keys: jax.Array, params: dict):
+    """Initial states of a batch of chains in one compiled program. ``lax.map``, not
+    ``vmap``: initialisation runs once, and the batched generative process takes about
+    twice as long to compile."""
+    return jax.jit(lambda ks, ps: lax.map(lambda a: init_one(*a), (ks, ps)))(keys, params)
+
+
+class DiffusionTreeMCMC(MCMCKernel):
+    """MCMC over a Dirichlet diffusion tree (and ``c``, ``σ``, ``s`` when they are sites).
+
+    :param model: a NumPyro model with one latent ``DiffusionTree`` site and one
+        observed ``BrownianLeaves`` site taking the tree (module example).
+        ``c``, ``sigma`` and ``noise`` may be constants or sample sites with
+        priors on ``(0, ∞)`` (slice-sampled by the kernel); no other latent
+        sites. Composition with ``NUTS`` through ``numpyro.infer.Gibbs`` /
+        ``HMCGibbs`` does not work: NumPyro's model validation calls
+        ``jnp.ndim`` on every site's value, and the tree is a pytree (the
+        kernel still implements ``refresh``/``wrap_model``).
+    :param num_subtree_moves: subtree moves per iteration (default ``n``).
+    :param time_step_size: step of the logit-scale random walk on times.
+    :param init_strategy: ``"prior"`` (a draw of the generative process, the
+        hyperparameters from their priors; the caterpillar when the draw is
+        off the support in floating point) or ``"comb"`` (a fixed caterpillar).
+
+    Works under ``MCMC(..., chain_method="sequential" | "vectorized" | "parallel")``
+    with equal draws for equal keys (vectorized = one ``jax.vmap`` program).
+    The step is the pure :func:`step`.
+    Extra fields: ``"log_joint"``, ``"subtree_accepted"``.
+    """
+
+    sample_field = "z"
+    _name = "DiffusionTreeMCMC"
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        num_subtree_moves: int | None = None,
+        time_step_size: float = 1.0,
+        init_strategy: str = "prior",
+    ):
+        if not callable(model):
+            raise ValueError(f"{self._name}(model): model must be a NumPyro model function.")
+        if init_strategy not in ("prior", "comb"):
+            raise ValueError(f"init_strategy must be 'prior' or 'comb', got {init_strategy!r}.")
+        if num_subtree_moves is not None and int(num_subtree_moves) < 0:
+            raise ValueError(f"num_subtree_moves must be >= 0, got {num_subtree_moves}.")
+        if not (np.isfinite(time_step_size) and time_step_size > 0):
+            raise ValueError(f"time_step_size must be a positive number, got {time_step_size}.")
+        self._model = model
+        self._num_subtree_moves = num_subtree_moves
+        self._time_step_size = float(time_step_size)
+        self._init_strategy = init_strategy
+        self._spec: ModelSpec | None = None
+        self._sample_fn = None
+
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def default_fields(self):
+        return ("z",)
+
+    # -- reading the model --------------------------------------------------------------
+    def _read(self, z, model_args, model_kwargs):
+        """``(c, sigma, noise, X, Hyperpriors, hyperprior log density)`` at ``z``."""
+        spec = self._spec
+        tr = _trace_model(self._model, z, model_args, model_kwargs)
+        tree_fn, data = tr[spec.tree_site]["fn"], tr[spec.data_site]
+        priors = Hyperpriors(*(tr[s]["fn"] if s else None for s in (spec.c_site, spec.sigma_site, spec.noise_site)))
+        log_hyper = sum(
+            (jnp.sum(tr[s]["fn"].log_prob(tr[s]["value"])) for s in (spec.c_site, spec.sigma_site, spec.noise_site) if s),
+            jnp.zeros(()),
+        )
+        return tree_fn.c, data["fn"].sigma, data["fn"].noise, jnp.asarray(data["value"]), priors, log_hyper
+
+    def _setup(self, init_params, model_args, model_kwargs):
+        z0 = dict(init_params or {})
+        tr = _trace_model(self._model, z0, model_args, model_kwargs, fill_tree=True)
+        spec = _find_spec(tr, self._name)
+        X = tr[spec.data_site]["value"]
+        if not isinstance(X, jax.core.Tracer):
+            X = check_data(X, name=f"observed site '{spec.data_site}'")
+            if X.shape[0] != spec.num_points:
+                raise ValueError(
+                    f"The observed site '{spec.data_site}' has {X.shape[0]} rows but the "
+                    f"DiffusionTree has num_points={spec.num_points}."
+                )
+        if spec.tree_site in z0 and not isinstance(z0[spec.tree_site].time, jax.core.Tracer):
+            value = z0[spec.tree_site]
+            if value.time.ndim == 1:
+                check_tree(value, spec.num_points, f"init_params['{spec.tree_site}']")
+            else:
+                for i in range(value.time.shape[0]):
+                    check_tree(jax.tree.map(lambda a: a[i], value), spec.num_points,
+                               f"init_params['{spec.tree_site}'][{i}]")
+        return spec
+
+    def _dtype(self):
+        return jnp.result_type(float)
+
+    def _init_one(self, key, params, model_args, model_kwargs):
+        spec = self._spec
+        k_trace, key = jax.random.split(key)
+        params = dict(params)
+        if self._init_strategy == "comb" and spec.tree_site not in params:
+            params[spec.tree_site] = comb_tree(spec.num_points, self._dtype())
+        tr = _trace_model(self._model, params, model_args, model_kwargs, key=k_trace)
+        z = {spec.tree_site: jax.tree.map(jnp.asarray, tr[spec.tree_site]["value"])}
+        dtype = z[spec.tree_site].time.dtype
+        for name in (spec.c_site, spec.sigma_site, spec.noise_site):
+            if name:
+                z[name] = jnp.asarray(tr[name]["value"], dtype)
+        state = self._state_from_z(z, jnp.zeros((), jnp.int32), key, model_args, model_kwargs)
+        # a prior draw off the support (ties from rounding, see ddt.sample_tree) or with a
+        # zero-probability data term: start from the caterpillar instead
+        bad = ~jnp.isfinite(state.log_joint)
+        z[spec.tree_site] = _select(bad, comb_tree(spec.num_points, dtype), z[spec.tree_site])
+        return self._state_from_z(z, jnp.zeros((), jnp.int32), key, model_args, model_kwargs)
+
+    def _state_from_z(self, z, accepted, key, model_args, model_kwargs):
+        spec = self._spec
+        c, sigma, noise, X, _, log_hyper = self._read(z, model_args, model_kwargs)
+        chain = init(z[spec.tree_site], X, c, sigma, noise)
+        lj = chain.log_prior + chain.log_likelihood + log_hyper.astype(chain.log_prior.dtype)
+        return DiffusionTreeMCMCState(z, chain, lj, accepted, key)
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        self._spec = self._setup(init_params, model_args, model_kwargs)
+        init_params = dict(init_params or {})
+        # one compiled program (op-by-op tracing of the generative process is slow to compile)
+        if is_prng_key(rng_key):
+            self._sample_fn = self._sample_one
+            return jax.jit(lambda k, p: self._init_one(k, p, model_args, model_kwargs))(rng_key, init_params)
+        state = _map_chains(lambda k, p: self._init_one(k, p, model_args, model_kwargs), rng_key, init_params)
+        self._sample_fn = jax.vmap(self._sample_one, in_axes=(0, None, None))
+        return state
+
+    def _core_step(self, key, state, model_args, model_kwargs):
+        """Read the model at ``state.z``, then :func:`step` (the pure core)."""
+        spec = self._spec
+        c, sigma, noise, X, priors, _ = self._read(state.z, model_args, model_kwargs)
+        # the cached terms are current: values set by other kernels arrive through refresh
+        dtype = state.chain.log_prior.dtype
+        chain = state.chain._replace(
+            c=jnp.asarray(c, dtype), sigma=jnp.asarray(sigma, dtype), noise=jnp.asarray(noise, dtype)
+        )
+        chain, info = step(
+            key, chain, X, priors,
+            num_subtree_moves=self._num_subtree_moves, time_step_size=self._time_step_size,
+        )
+        z = dict(state.z)
+        z[spec.tree_site] = chain.tree
+        for name, value in ((spec.c_site, chain.c), (spec.sigma_site, chain.sigma), (spec.noise_site, chain.noise)):
+            if name:
+                z[name] = value
+        return z, chain, info
+
+    def _finish(self, z, chain, accepted, key, model_args, model_kwargs):
+        *_, log_hyper = self._read(z, model_args, model_kwargs)
+        lj = chain.log_prior + chain.log_likelihood + log_hyper.astype(chain.log_prior.dtype)
+        return DiffusionTreeMCMCState(z, chain, lj, accepted, key)
+
+    def _sample_one(self, state, model_args, model_kwargs):
+        key, sub = jax.random.split(state.rng_key)
+        z, chain, info = self._core_step(sub, state, model_args, model_kwargs)
+        return self._finish(z, chain, info.subtree_accepted, key, model_args, model_kwargs)
+
+    def sample(self, state, model_args, model_kwargs):
+        return self._sample_fn(state, model_args, model_kwargs)
+
+    def refresh(self, state, model_args, model_kwargs):
+        """Recompute the cached terms against the current conditioning values (Gibbs composition)."""
+
+        def one(s):
+            return self._state_from_z(s.z, s.subtree_accepted, s.rng_key, model_args, model_kwargs)
+
+        return jax.vmap(one)(state) if jnp.ndim(state.log_joint) else one(state)
+
+    def wrap_model(self, wrapper):
+        kernel = copy.copy(self)
+        kernel._model = wrapper(self._model)
+        kernel._spec = None
+        kernel._sample_fn = None
+        return kernel
+
+    def get_constrain_fn(self, model_args, model_kwargs):
+        return lambda z: z
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        return lambda z: z
+
+    def get_diagnostics_str(self, state):
+        n = self._spec.num_points if self._spec else 0
+        num = self._num_subtree_moves if self._num_subtree_moves is not None else n
+        acc = float(np.mean(np.asarray(state.subtree_accepted))) / max(num, 1)
+        return f"log_joint={float(np.max(np.asarray(state.log_joint))):.1f} subtree acc={acc:.2f}"
+
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_sample_fn"] = None
+        return d
+
+
+# ------------------------------------------------------------------------------- fit_ddt
+class DDTFit(NamedTuple):
+    """Result of :func:`fit_ddt`.
+
+    tree: the highest-``log_joint`` tree seen (a single :class:`Tree`).
+    labels: ``cut_tree(tree, t_stop)`` (or ``num_clusters``), ``(n,)`` int32.
+    log_joint: trace ``(num_chains, num_samples)`` of the unnormalised log posterior.
+    c, sigma: the hyperparameters at the best draw.
+    t_stop: the cut used (``None`` when ``num_clusters`` was given).
+    samples: all draws, ``{"tree", "c", "sigma"}`` grouped by chain ``(num_chains, num_samples, …)``.
+    """
+
+    tree: Tree
+    labels: np.ndarray
+    log_joint: np.ndarray
+    c: float
+    sigma: float
+    t_stop: float | None
+    samples: dict
+
+
+def fit_ddt(
+    X: Any,
+    num_chains: int = 8,
+    num_samples: int = 200,
+    key: jax.Array | None = None,
+    *,
+    num_warmup: int | None = None,
+    population: bool = True,
+    subset_size: int | None = None,
+    temperature: float = 1.0,
+    c_prior: Any = None,
+    sigma_prior: Any = None,
+    noise: float | None = None,
+    t_stop: float | None = None,
+    num_clusters: int | None = None,
+) -> DDTFit:
+    """Fit a Dirichlet diffusion tree to ``X`` and cut it into clusters (for the CLI).
+
+    Model: ``c ~ c_prior`` (default ``LogNormal(0, 1)``), ``σ ~ sigma_prior``
+    (default ``LogNormal(log sd(X), 1)``, sd over all entries),
+    ``tree ~ DiffusionTree(c, n)``, ``X ~ BrownianLeaves(tree, σ, noise)``
+    with fixed ``noise`` (default ``0.1 · sd(X)``). Runs :class:`PopulationDDT`
+    (``population=True``, needs ``num_chains >= 2``) or vectorised independent
+    :class:`DiffusionTreeMCMC` chains; returns the best tree seen, its labels
+    from :func:`~jaxbnp.models.ddt.cut_tree` at ``t_stop`` (default 0.5) or at
+    ``num_clusters``, the ``log_joint`` trace and all draws. ``subset_size``
+    defaults to ``max(1, min(n − 1, n // 4))``.
+    """
+    import numpyro
+    from numpyro.infer import MCMC
+
+    from .population import PopulationDDT
+
+    Xn = check_data(X)
+    n = Xn.shape[0]
+    if n < 2:
+        raise ValueError(f"fit_ddt needs at least 2 points, got {n}.")
+    for name, value in (("num_chains", num_chains), ("num_samples", num_samples)):
+        if int(value) < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}.")
+    if population and int(num_chains) < 2:
+        raise ValueError("population=True needs num_chains >= 2 (or pass population=False).")
+    if t_stop is not None and num_clusters is not None:
+        raise ValueError("Pass t_stop or num_clusters, not both.")
+    if t_stop is not None and not 0.0 < float(t_stop) <= 1.0:
+        raise ValueError(f"t_stop must be in (0, 1], got {t_stop}.")
+    if num_clusters is not None and not 1 <= int(num_clusters) <= n:
+        raise ValueError(f"num_clusters must be in 1..{n}, got {num_clusters}.")
+    scale = float(np.std(Xn)) or 1.0
+    noise = 0.1 * scale if noise is None else float(noise)
+    if noise < 0 or not np.isfinite(noise):
+        raise ValueError(f"noise must be >= 0, got {noise}.")
+    c_prior = dist.LogNormal(0.0, 1.0) if c_prior is None else c_prior
+    sigma_prior = dist.LogNormal(float(np.log(scale)), 1.0) if sigma_prior is None else sigma_prior
+    if subset_size is None:
+        subset_size = max(1, min(n - 1, n // 4))
+    Xj = jnp.asarray(Xn, jnp.result_type(float))
+
+    def model(X):
+        c = numpyro.sample("c", c_prior)
+        sigma = numpyro.sample("sigma", sigma_prior)
+        tree = numpyro.sample("tree", DiffusionTree(c, X.shape[0]))
+        numpyro.sample("X", BrownianLeaves(tree, sigma, noise), obs=X)
+
+    if population:
+        kernel = PopulationDDT(model, int(num_chains), int(subset_size), temperature)
+    else:
+        kernel = DiffusionTreeMCMC(model)
+    warm = int(num_samples) // 2 if num_warmup is None else int(num_warmup)
+    mcmc = MCMC(
+        kernel, num_warmup=warm, num_samples=int(num_samples), num_chains=int(num_chains),
+        chain_method="vectorized", progress_bar=False,
+    )
+    key = jax.random.key(0) if key is None else key
+    mcmc.run(key, Xj, extra_fields=("log_joint",))
+    samples = mcmc.get_samples(group_by_chain=True)
+    lj = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["log_joint"])
+    lj = lj.reshape(int(num_chains), -1)
+    ci, si = np.unravel_index(np.nanargmax(lj), lj.shape)
+    best = jax.tree.map(lambda a: a[ci, si], samples["tree"])
+    if num_clusters is not None:
+        labels = cut_tree(best, num_clusters=int(num_clusters))
+        used = None
+    else:
+        used = 0.5 if t_stop is None else float(t_stop)
+        labels = cut_tree(best, used)
+    c_best, s_best = (float(np.asarray(samples[k])[ci, si]) for k in ("c", "sigma"))
+    return DDTFit(best, np.asarray(labels), lj, c_best, s_best, used, samples)
