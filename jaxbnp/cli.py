@@ -17,7 +17,7 @@ import numpy as np
 
 __all__ = ["main"]
 
-METHODS = ("gibbs", "splitmerge", "tgmcmc", "mapdp")
+METHODS = ("gibbs", "splitmerge", "tgmcmc", "mapdp", "ddt")
 
 
 def _load(path: str | None, labels_path: str | None):
@@ -139,6 +139,7 @@ def _cluster(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
+    tree = None  # the fitted diffusion tree (--method ddt)
     if args.method == "mapdp":
         from .estimators import MAPDP
 
@@ -150,6 +151,20 @@ def _cluster(args) -> int:
         num_clusters = np.array([[est.n_clusters_]])
         capacity = None
         z = None
+    elif args.method == "ddt":  # Dirichlet diffusion tree by population MCMC, cut into clusters
+        from .inference.ddt_mcmc import fit_ddt
+
+        fit = fit_ddt(X, num_chains=max(2, args.chains), num_samples=args.samples,
+                      key=jax.random.key(args.seed), num_warmup=args.warmup,
+                      t_stop=args.t_stop, num_clusters=args.ddt_clusters)
+        best = np.asarray(fit.labels)
+        if args.t_stop is None and args.ddt_clusters is None:
+            best = _cut_at_largest_gap(fit.tree)
+        log_joint = np.asarray(fit.log_joint)
+        num_clusters = np.array([[len(np.unique(best))]])
+        capacity = None
+        z = None
+        tree = fit.tree
     else:
         z, log_joint, num_clusters, capacity = _run_gibbs(X, family, args.alpha, args)
     seconds = time.perf_counter() - t0
@@ -180,7 +195,7 @@ def _cluster(args) -> int:
         "seconds": round(seconds, 3),
         "clusters_point_estimate": int(len(np.unique(best))),
         "point_estimate": "min expected variation of information over the draws"
-        if z is not None else "MAP-DP",
+        if z is not None else ("best tree, cut" if args.method == "ddt" else "MAP-DP"),
         "clusters_best_draw": int(len(np.unique(best_draw))),
         "clusters_posterior_mean": float(num_clusters.mean()),
         "clusters_posterior_range": [int(num_clusters.min()), int(num_clusters.max())],
@@ -210,12 +225,12 @@ def _cluster(args) -> int:
 
         plt = _pyplot()
         title = (f"{summary['clusters_point_estimate']} clusters "
-                 + ("(point estimate)" if z is not None else "(MAP-DP)"))
+                 + ("(point estimate)" if z is not None else f"({args.method})"))
         ax = plot_clusters(X, best, title=title)
         ax.figure.savefig(out / "clusters.png", dpi=120, bbox_inches="tight")
         plt.close(ax.figure)
         plots = ["clusters.png"]
-        if args.method != "mapdp":
+        if z is not None:
             from .metrics import posterior_similarity
             from .plot import plot_coclustering
 
@@ -226,11 +241,23 @@ def _cluster(args) -> int:
             ax.figure.savefig(out / "coclustering.png", dpi=120, bbox_inches="tight")
             plt.close(ax.figure)
             plots += ["trace.png", "coclustering.png"]
+        if tree is not None:
+            from .plot_trees import plot_dendrogram
+
+            ax = plot_dendrogram(tree)
+            ax.figure.savefig(out / "dendrogram.png", dpi=120, bbox_inches="tight")
+            plt.close(ax.figure)
+            plots.append("dendrogram.png")
     except ImportError as exc:
         print(f"jaxbnp: no plots ({exc})", file=sys.stderr)
 
     print(f"data      {source}")
-    if args.method != "mapdp":
+    if args.method == "ddt":
+        print(f"method    ddt: Dirichlet diffusion tree, population MCMC over {max(2, args.chains)} chains, "
+              f"{args.warmup} warm-up + {args.samples} draws; best tree cut "
+              + (f"into {args.ddt_clusters} clusters" if args.ddt_clusters else
+                 f"at t = {args.t_stop}" if args.t_stop else "at the largest gap between divergence times"))
+    elif args.method != "mapdp":
         moves = {
             "splitmerge": f" ({args.split_merge_moves} split-merge moves + 1 Gibbs sweep per iteration)",
             "tgmcmc": f" ({args.global_moves} tree-guided global moves + local moves on n/2^{args.depth} "
@@ -259,6 +286,19 @@ def _cluster(args) -> int:
     print(f"wrote     {out / 'labels.csv'}, {out / 'summary.json'}"
           + "".join(f", {out / p}" for p in plots))
     return 0
+
+
+def _cut_at_largest_gap(tree) -> np.ndarray:
+    """Labels of a diffusion tree cut at the largest gap between consecutive divergence times
+    (the dendrogram's longest vertical stretch): ``K`` clusters after the ``K − 1`` earliest."""
+    from .models.ddt import cut_tree
+
+    n = (np.asarray(tree.time).shape[0] + 1) // 2
+    times = np.sort(np.asarray(tree.time, dtype=np.float64)[n:])
+    if times.size < 2:
+        return np.asarray(cut_tree(tree, num_clusters=min(2, n)))
+    k = int(np.argmax(np.diff(times))) + 1  # divergences before the largest gap
+    return np.asarray(cut_tree(tree, num_clusters=k + 1))
 
 
 def _jsonable(obj):
@@ -290,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--method", choices=METHODS, default="gibbs",
                    help="gibbs: collapsed Gibbs posterior draws; splitmerge: Jain-Neal split-merge "
                    "moves + Gibbs sweeps; tgmcmc: tree-guided MCMC (Lee & Choi 2015); "
-                   "mapdp: MAP-DP point estimate (default gibbs)")
+                   "mapdp: MAP-DP point estimate; ddt: Dirichlet diffusion tree by population "
+                   "MCMC, cut into clusters (default gibbs)")
     c.add_argument("--family", default="normal-wishart",
                    choices=["normal-wishart", "normal-gamma", "beta-bernoulli", "dirichlet-multinomial"],
                    help="likelihood; priors from the data (tgMCMC settings for normal-wishart)")
@@ -316,6 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
     c.add_argument("--out", default="jaxbnp-out", help="output folder (default ./jaxbnp-out)")
     c.add_argument("--progress", action="store_true", help="show NumPyro's progress bar")
+    c.add_argument("--t-stop", type=float, default=None,
+                   help="--method ddt: cut the tree at this divergence time in (0, 1) (default: at the "
+                   "largest gap between consecutive divergence times)")
+    c.add_argument("--ddt-clusters", type=int, default=None,
+                   help="--method ddt: cut the tree into this many clusters instead of at --t-stop")
     c.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="save the chains' state and draws to OUT/checkpoint.pkl every N draws "
                    "(default 0: no checkpoints); an interrupted run keeps what was saved")
@@ -337,8 +383,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"jaxbnp: --{name.replace('_', '-')} must be {bound}.")
         if not args.alpha > 0:
             raise SystemExit("jaxbnp: --alpha must be > 0.")
-        if args.resume and args.method == "mapdp":
-            raise SystemExit("jaxbnp: --resume applies to the MCMC methods, not mapdp.")
+        if (args.resume or args.checkpoint_every) and args.method in ("mapdp", "ddt"):
+            raise SystemExit("jaxbnp: --resume and --checkpoint-every apply to gibbs, splitmerge "
+                             "and tgmcmc.")
         return _cluster(args)
     return 1  # pragma: no cover
 

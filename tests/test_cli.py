@@ -88,3 +88,21 @@ def test_cluster_checkpoint_and_resume(tmp_path, capsys, monkeypatch):
         main([*common, "--samples", "4", "--resume", "--seed", "5"])
     with pytest.raises(SystemExit, match="no checkpoint"):
         main([*common[:-1], "elsewhere", "--resume"])
+
+
+def test_cluster_ddt_cuts_the_best_tree(tmp_path, capsys, monkeypatch):
+    """--method ddt: population MCMC over diffusion trees, the best tree cut at its largest gap."""
+    from jaxbnp.cli import main
+
+    rng = np.random.default_rng(3)
+    X = np.r_[rng.normal(-4, 0.5, (8, 2)), rng.normal(4, 0.5, (8, 2))]
+    np.savetxt(tmp_path / "x.csv", X, delimiter=",")
+    monkeypatch.chdir(tmp_path)
+    assert main(["cluster", "x.csv", "--method", "ddt", "--chains", "2", "--warmup", "10",
+                 "--samples", "20", "--out", "d"]) == 0
+    assert "method    ddt" in capsys.readouterr().out
+    labels = np.loadtxt(tmp_path / "d" / "labels.csv", skiprows=1)
+    assert len(np.unique(labels)) == 2 and len(np.unique(labels[:8])) == 1
+    assert (tmp_path / "d" / "dendrogram.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="--resume and --checkpoint-every"):
+        main(["cluster", "x.csv", "--method", "ddt", "--resume", "--out", "d"])
