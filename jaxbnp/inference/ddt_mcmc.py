@@ -59,7 +59,6 @@ Example
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -68,7 +67,6 @@ import numpy as np
 import numpyro.distributions as dist
 from jax import lax
 from numpyro.handlers import seed, substitute, trace
-from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
 from .._validation import check_data
@@ -92,6 +90,7 @@ from ..models.ddt import (
     root_of,
     structure_log_prior,
 )
+from .kernels import DiscreteSiteKernel
 
 __all__ = [
     "Hyperpriors", "DDTState", "DDTInfo", "init", "step",
@@ -524,7 +523,7 @@ def _map_chains(init_one: Callable, keys: jax.Array, params: dict):
     return jax.jit(lambda ks, ps: lax.map(lambda a: init_one(*a), (ks, ps)))(keys, params)
 
 
-class DiffusionTreeMCMC(MCMCKernel):
+class DiffusionTreeMCMC(DiscreteSiteKernel):
     """MCMC over a Dirichlet diffusion tree (and ``c``, ``σ``, ``s`` when they are sites).
 
     :param model: a NumPyro model with one latent ``DiffusionTree`` site and one
@@ -697,29 +696,11 @@ class DiffusionTreeMCMC(MCMCKernel):
 
         return jax.vmap(one)(state) if jnp.ndim(state.log_joint) else one(state)
 
-    def wrap_model(self, wrapper):
-        kernel = copy.copy(self)
-        kernel._model = wrapper(self._model)
-        kernel._spec = None
-        kernel._sample_fn = None
-        return kernel
-
-    def get_constrain_fn(self, model_args, model_kwargs):
-        return lambda z: z
-
-    def postprocess_fn(self, model_args, model_kwargs):
-        return lambda z: z
-
     def get_diagnostics_str(self, state):
         n = self._spec.num_points if self._spec else 0
         num = self._num_subtree_moves if self._num_subtree_moves is not None else n
         acc = float(np.mean(np.asarray(state.subtree_accepted))) / max(num, 1)
         return f"log_joint={float(np.max(np.asarray(state.log_joint))):.1f} subtree acc={acc:.2f}"
-
-    def __getstate__(self):
-        d = self.__dict__.copy()
-        d["_sample_fn"] = None
-        return d
 
 
 # ------------------------------------------------------------------------------- fit_ddt

@@ -184,7 +184,36 @@ def _find_spec(model_trace, update_hyperparameters: bool) -> ModelSpec:
     )
 
 
-class CollapsedGibbs(MCMCKernel):
+class DiscreteSiteKernel(MCMCKernel):
+    """NumPyro adapter plumbing shared by jaxbnp's kernels over discrete / structured sites.
+
+    The sites are used as they are (no constraint transform), a wrapped model
+    gets a fresh kernel whose model spec and compiled sample function are
+    rebuilt on first use, and pickling drops the compiled function. Subclasses
+    keep the model in ``_model``, its parsed spec in ``_spec`` and the compiled
+    sample function in ``_sample_fn``.
+    """
+
+    def wrap_model(self, wrapper):
+        kernel = copy.copy(self)
+        kernel._model = wrapper(self._model)
+        kernel._spec = None
+        kernel._sample_fn = None
+        return kernel
+
+    def get_constrain_fn(self, model_args, model_kwargs):
+        return lambda z: z
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        return lambda z: z
+
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_sample_fn"] = None
+        return d
+
+
+class CollapsedGibbs(DiscreteSiteKernel):
     """Collapsed Gibbs sampler (Neal's algorithm 3) for ``Partition`` + ``ConjugateMixture`` models.
 
     :param model: a NumPyro model with one latent ``Partition`` site and one
@@ -417,26 +446,8 @@ class CollapsedGibbs(MCMCKernel):
 
         return jax.vmap(one)(state) if jnp.ndim(state.log_joint) else one(state)
 
-    def wrap_model(self, wrapper):
-        kernel = copy.copy(self)
-        kernel._model = wrapper(self._model)
-        kernel._spec = None
-        kernel._sample_fn = None
-        return kernel
-
-    def get_constrain_fn(self, model_args, model_kwargs):
-        return lambda z: z
-
-    def postprocess_fn(self, model_args, model_kwargs):
-        return lambda z: z
-
     def get_diagnostics_str(self, state):
         return f"K={int(np.max(np.asarray(state.num_clusters)))}"
-
-    def __getstate__(self):
-        d = self.__dict__.copy()
-        d["_sample_fn"] = None
-        return d
 
 
 class MoveStatsState(NamedTuple):
