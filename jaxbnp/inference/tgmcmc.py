@@ -151,6 +151,12 @@ def _log_keep_prob(log_d: np.ndarray) -> np.ndarray:
     return -np.logaddexp(0.0, -log_d)
 
 
+def _log_pick_alone(num_clusters: int, log_d: np.ndarray) -> float:
+    """``log`` probability of picking a cluster first (``1/K``) and leaving every other
+    cluster out of ``M`` (dissimilarities ``log_d`` to them): the split branch (B.2)."""
+    return -math.log(num_clusters) + float(np.sum(_log_keep_prob(log_d)))
+
+
 def _param_key(obj: Any) -> tuple:
     leaves = jax.tree.leaves(obj)
     return (type(obj).__name__,) + tuple(np.asarray(x, dtype=np.float64).tobytes() for x in leaves)
@@ -362,7 +368,7 @@ class TreeGuidedHost:
         trees = [self.tree(m) for m in masks]
         if len(removed) == 1 and len(added) >= 2 and _union(added) == removed[0]:
             c = masks.index(removed[0])
-            select = -math.log(K) + float(np.sum(_log_keep_prob(self._log_d(trees, c))))
+            select = _log_pick_alone(K, self._log_d(trees, c))
             return select + self.log_split_prob(trees[c], added, known)
         if len(added) == 1 and len(removed) >= 2 and _union(removed) == added[0]:
             picked = {masks.index(m) for m in removed}
@@ -382,7 +388,7 @@ class TreeGuidedHost:
         trees = [self.tree(m) for m in masks]
         K = len(masks)
         terms = [
-            -math.log(K) + float(np.sum(_log_keep_prob(self._log_d(trees, i))))
+            _log_pick_alone(K, self._log_d(trees, i))
             for i, t in enumerate(trees)
             if t.is_leaf
         ]
@@ -421,7 +427,7 @@ class TreeGuidedHost:
             result = stoc_insert(self.model, rng, S, q)
             S = result.trees
             log_path += result.log_prob
-        log_select = -math.log(K) + float(np.sum(_log_keep_prob(log_d)))
+        log_select = _log_pick_alone(K, log_d)
         rest = [m for i, m in enumerate(masks) if i != c]
         return rest + [t.mask for t in S], "split", (j, log_path, log_select)
 
