@@ -370,7 +370,8 @@ class TreeModel:
         return self._unpack(node.stats)
 
     def _evaluate_stacked(self, stats, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(log P(X_c), log φ(X_c|h_c))`` for packed ``(k, P)`` statistics (batch padded to a power of two)."""
+        """``(log P(X_c), log φ(X_c|h_c))`` for packed ``(k, P)`` statistics (NumPy; the JAX
+        fallback pads the batch to a power of two)."""
         k = len(sizes)
         if self._host_math:
             log_lik = self.family.host_log_marginal_unchecked(self._unpack(stats))
