@@ -65,6 +65,7 @@ def _run_gibbs(X, family, alpha, args):
 
     from . import checkpoint as checkpointing
     from . import models
+    from ._progress import resolve as resolve_progress
     from .inference import CollapsedGibbs, SplitMerge, TreeGuidedMCMC
 
     def model(X):
@@ -98,7 +99,7 @@ def _run_gibbs(X, family, alpha, args):
             num_samples=args.samples,
             num_chains=args.chains,
             chain_method="vectorized",
-            progress_bar=args.progress,
+            progress_bar=resolve_progress(args.progress),
         )
         fields = ("log_joint", "num_clusters")
         try:
@@ -156,7 +157,7 @@ def _cluster(args) -> int:
 
         fit = fit_ddt(X, num_chains=max(2, args.chains), num_samples=args.samples,
                       key=jax.random.key(args.seed), num_warmup=args.warmup,
-                      t_stop=args.t_stop, num_clusters=args.ddt_clusters)
+                      t_stop=args.t_stop, num_clusters=args.ddt_clusters, progress_bar=args.progress)
         best = np.asarray(fit.labels)
         if args.t_stop is None and args.ddt_clusters is None:
             best = _cut_at_largest_gap(fit.tree)
@@ -356,7 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cluster slots per chain; doubled automatically if full (default 64)")
     c.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
     c.add_argument("--out", default="jaxbnp-out", help="output folder (default ./jaxbnp-out)")
-    c.add_argument("--progress", action="store_true", help="show NumPyro's progress bar")
+    c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars (NumPyro's for the samplers); default: shown when "
+                   "standard error is a terminal and the CI environment variable is unset")
     c.add_argument("--t-stop", type=float, default=None,
                    help="--method ddt: cut the tree at this divergence time in (0, 1) (default: at the "
                    "largest gap between consecutive divergence times)")

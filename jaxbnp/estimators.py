@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._progress import bar as _progress_bar
+from ._progress import resolve as _resolve_progress
 from ._validation import check_data
 from .inference import mapdp as mapdp_core
 from .inference.clusters import ClusterState, CapacityError
@@ -237,6 +239,7 @@ def select_alpha(
     method: str = "nll",
     n_folds: int = 5,
     random_state: int = 0,
+    progress_bar: bool | None = None,
     **mapdp_kwargs: Any,
 ) -> tuple[float, np.ndarray]:
     """Choose the DP concentration for MAP-DP.
@@ -245,36 +248,46 @@ def select_alpha(
     lowest NLL ``−log p(X, Π̂ | α)``. ``method="heldout"``: ``n_folds``-fold
     cross-validation of the mean log predictive density (``MAPDP.score``).
     Returns ``(best_alpha, scores)``, scores being NLL (lower is better) or
-    held-out log density (higher is better) per alpha.
+    held-out log density (higher is better) per alpha. ``progress_bar``: a tqdm
+    bar over the fits (``None``: auto, see ``jaxbnp._progress``).
     """
     with warnings.catch_warnings():
         # one cluster is a legitimate answer for some alphas: compared, not warned about
         warnings.simplefilter("ignore", SingleClusterWarning)
-        return _select_alpha(X, alphas, family, method, n_folds, random_state, **mapdp_kwargs)
+        return _select_alpha(X, alphas, family, method, n_folds, random_state, progress_bar,
+                             **mapdp_kwargs)
 
 
-def _select_alpha(X, alphas, family, method, n_folds, random_state, **mapdp_kwargs):
+def _select_alpha(X, alphas, family, method, n_folds, random_state, progress_bar, **mapdp_kwargs):
     X = check_data(X)
     family = family if family is not None else NormalGamma.from_data(X)
     alphas = [float(a) for a in alphas]
     if any(a <= 0 for a in alphas):
         raise ValueError("every alpha must be > 0.")
-    if method == "nll":
-        scores = np.array([MAPDP(alpha=a, family=family, **mapdp_kwargs).fit(X).nll_ for a in alphas])
-        return alphas[int(np.argmin(scores))], scores
-    if method != "heldout":
+    if method not in ("nll", "heldout"):
         raise ValueError(f"method must be 'nll' or 'heldout', got {method!r}.")
+    show = _resolve_progress(progress_bar)
+    if method == "nll":
+        scores = []
+        with _progress_bar(len(alphas), "MAP-DP over alpha", show, unit="fit") as bar:
+            for a in alphas:
+                scores.append(MAPDP(alpha=a, family=family, **mapdp_kwargs).fit(X).nll_)
+                bar.update()
+        scores = np.array(scores)
+        return alphas[int(np.argmin(scores))], scores
     if not 2 <= n_folds <= X.shape[0]:
         raise ValueError(f"n_folds must be in [2, n], got {n_folds}.")
     folds = np.array_split(np.random.default_rng(random_state).permutation(X.shape[0]), n_folds)
     scores = []
-    for a in alphas:
-        fold_scores = []
-        for f in folds:
-            train = np.setdiff1d(np.arange(X.shape[0]), f)
-            est = MAPDP(alpha=a, family=family, **mapdp_kwargs).fit(X[train])
-            fold_scores.append(est.score(X[f]))
-        scores.append(np.mean(fold_scores))
+    with _progress_bar(len(alphas) * n_folds, "MAP-DP held-out", show, unit="fit") as bar:
+        for a in alphas:
+            fold_scores = []
+            for f in folds:
+                train = np.setdiff1d(np.arange(X.shape[0]), f)
+                est = MAPDP(alpha=a, family=family, **mapdp_kwargs).fit(X[train])
+                fold_scores.append(est.score(X[f]))
+                bar.update()
+            scores.append(np.mean(fold_scores))
     scores = np.array(scores)
     return alphas[int(np.argmax(scores))], scores
 
@@ -350,38 +363,47 @@ def _kernel_class(method: str):
     return {"gibbs": CollapsedGibbs, "splitmerge": SplitMerge, "tgmcmc": TreeGuidedMCMC}[method]
 
 
-def _make_runner(method, options, capacity, num_chains, num_warmup, num_samples, thinning):
-    """A jitted ``run(key, X, measure, family) -> (last_state, draws)``.
+def _make_runner(method, options, capacity, num_chains, num_warmup, num_samples, thinning, chunk):
+    """``run(key, X, measure, family, bar=None) -> (last_state, draws)``, compiled.
 
     It does what ``numpyro.infer.MCMC(kernel, num_warmup=W, num_samples=N * thinning,
     thinning=thinning, num_chains=C, chain_method="vectorized").run(key, X)`` does
     (same key splitting, same kernel calls, same kept iterations), so the draws are the
-    same (log joints up to rounding in the last bit), but it is one compiled program
-    that later fits with the same settings and shapes reuse (NumPyro traces and
-    compiles its sampling loop again on every ``run``: several seconds per call).
+    same (log joints up to rounding in the last bit), but with compiled programs that
+    later fits with the same settings and shapes reuse (NumPyro traces and compiles its
+    sampling loop again on every ``run``: several seconds per call).
+
+    The iterations run in compiled blocks of ``chunk`` (all of them in one block
+    when there is no progress bar); between blocks the host advances ``bar``. The
+    block size changes nothing in the draws: each iteration is the same function of
+    the state.
     """
     kernel_cls = _kernel_class(method)
     total = num_warmup + num_samples * thinning
+    ragged = total % chunk != 0
 
-    def run(key, X, measure, family):
-        model = functools.partial(_dpm_model, measure=measure, family=family)
-        kernel = kernel_cls(model, capacity=capacity, **dict(options))
+    # one kernel object for both programs: ``init`` (traced in ``start``) sets up the
+    # sample function that ``advance`` calls; measure and family are model arguments
+    kernel = kernel_cls(_dpm_model, capacity=capacity, **dict(options))
+
+    def collect(s):
+        out = {"labels": s.z["z"], "log_joint": s.log_joint, "num_clusters": s.num_clusters}
+        if "u" in s.z:
+            out["u"] = s.z["u"]
+        return out
+
+    def start(key, X, measure, family):
         keys = jax.random.split(key, num_chains) if num_chains > 1 else key
-        state = kernel.init(keys, num_warmup, None, (X,), {})
-
-        def collect(s):
-            out = {"labels": s.z["z"], "log_joint": s.log_joint, "num_clusters": s.num_clusters}
-            if "u" in s.z:
-                out["u"] = s.z["u"]
-            return out
-
+        state = kernel.init(keys, num_warmup, None, (X, measure, family), {})
         buffers = jax.tree.map(
             lambda a: jnp.zeros((num_samples,) + jnp.shape(a), jnp.result_type(a)), collect(state)
         )
+        return state, buffers
 
+    def advance(carry, first, X, measure, family):
         def body(i, carry):
             s, buf = carry
-            s = kernel.sample(s, (X,), {})
+            s = kernel.sample(s, (X, measure, family), {})
             j = i - num_warmup
             # NumPyro's fori_collect keeps the last iteration of each block of `thinning`
             keep = (j >= 0) & (j % thinning == thinning - 1)
@@ -391,15 +413,33 @@ def _make_runner(method, options, capacity, num_chains, num_warmup, num_samples,
             )
             return s, buf
 
-        return jax.lax.fori_loop(0, total, body, (state, buffers))
+        def step(k, carry):
+            i = first + k
+            if not ragged:
+                return body(i, carry)
+            return jax.lax.cond(i < total, lambda c: body(i, c), lambda c: c, carry)
 
-    return jax.jit(run)
+        return jax.lax.fori_loop(0, chunk, step, carry)
+
+    start, advance = jax.jit(start), jax.jit(advance)
+
+    def run(key, X, measure, family, bar=None):
+        carry = start(key, X, measure, family)
+        for first in range(0, total, chunk):
+            carry = advance(carry, first, X, measure, family)
+            if bar is not None and not bar.disable:
+                jax.block_until_ready(carry)
+                bar.update(min(chunk, total - first))
+        return carry
+
+    return run
 
 
 _RUNNERS: Any = None  # OrderedDict of compiled runners, most recently used last
+PROGRESS_BLOCKS = 50  # compiled blocks a run is cut into when it shows a progress bar
 
 
-def _runner(method, options, capacity, num_chains, num_warmup, num_samples, thinning):
+def _runner(method, options, capacity, num_chains, num_warmup, num_samples, thinning, progress=False):
     """A cached runner for ``gibbs``/``splitmerge``; a fresh one for ``tgmcmc``.
 
     tgMCMC keeps its trees on the host, keyed by a run id fixed when the
@@ -408,7 +448,9 @@ def _runner(method, options, capacity, num_chains, num_warmup, num_samples, thin
     global _RUNNERS
     from collections import OrderedDict
 
-    args = (method, options, capacity, num_chains, num_warmup, num_samples, thinning)
+    total = num_warmup + num_samples * thinning
+    chunk = max(1, -(-total // PROGRESS_BLOCKS)) if progress else total
+    args = (method, options, capacity, num_chains, num_warmup, num_samples, thinning, chunk)
     if method == "tgmcmc":
         return _make_runner(*args)
     if _RUNNERS is None:
@@ -539,6 +581,9 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         well-separated groups).
     :param random_state: integer seed of the ``jax.random.key``; ``None``
         means 0. The same seed gives the same draws.
+    :param progress_bar: show a tqdm bar of the iterations; ``None`` (auto)
+        shows it when standard error is a terminal and ``CI`` is unset
+        (``jaxbnp._progress``). The draws are the same with or without it.
 
     Fitted attributes: ``labels_`` (``(n,)`` point estimate, ``0..K-1``),
     ``n_clusters_``, ``posterior_samples_`` (dict of draws grouped by chain:
@@ -597,6 +642,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         point_estimate: str = "vi",
         method_options: dict | None = None,
         random_state: int | None = None,
+        progress_bar: bool | None = None,
     ):
         self.method = method
         self.measure = measure
@@ -609,6 +655,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         self.point_estimate = point_estimate
         self.method_options = method_options
         self.random_state = random_state
+        self.progress_bar = progress_bar
 
     # -- validation ------------------------------------------------------------------------
     def _check_params(self):
@@ -654,6 +701,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         if self.random_state is not None:
             if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)):
                 raise ValueError(f"random_state must be an integer seed or None, got {self.random_state!r}.")
+        _resolve_progress(self.progress_bar)
         return measure, dict(options)
 
     def _validate_X(self, X: Any, reset: bool) -> np.ndarray:
@@ -739,13 +787,16 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
             options.setdefault("init_strategy", "prior")
         Xj = jnp.asarray(X, dtype=jnp.result_type(float))
         capacity = int(self.capacity) if self.capacity is not None else min(n, 128)
+        show = _resolve_progress(self.progress_bar)
+        total = int(self.num_warmup) + int(self.num_samples) * int(self.thinning)
         while True:
             run = _runner(self.method, tuple(sorted(options.items())), capacity,
                           int(self.num_chains), int(self.num_warmup), int(self.num_samples),
-                          int(self.thinning))
+                          int(self.thinning), progress=show)
             try:
-                _, draws = run(jax.random.key(seed), Xj, measure, family)
-                draws = jax.device_get(draws)
+                with _progress_bar(total, f"{self.method} (capacity {capacity})", show) as bar:
+                    _, draws = run(jax.random.key(seed), Xj, measure, family, bar=bar)
+                    draws = jax.device_get(draws)
                 break
             except Exception as exc:  # grow the capacity on the host and start again
                 if "cluster slots are in use" not in str(exc) or capacity >= n:

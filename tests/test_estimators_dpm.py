@@ -62,6 +62,32 @@ def test_same_seed_same_draws_and_dataframe_input(fitted):
         again.predict(frame[["b", "a"]])
 
 
+def test_progress_bar_reports_without_changing_the_draws(fitted, capsys, monkeypatch):
+    """With a bar the run is cut into compiled blocks (the tqdm bar advances between them);
+    the draws equal those of the one-block run without a bar."""
+    X, _, dpm = fitted
+    shown = DirichletProcessMixture(**SETTINGS, progress_bar=True).fit(X)
+    err = capsys.readouterr().err
+    assert "gibbs (capacity 50)" in err and "/20" in err, err
+    for key in ("labels", "log_joint", "num_clusters"):
+        np.testing.assert_array_equal(shown.posterior_samples_[key], dpm.posterior_samples_[key])
+    # auto: quiet when CI is set or standard error is not a terminal (as under pytest)
+    from jaxbnp._progress import resolve
+
+    monkeypatch.delenv("JAXBNP_PROGRESS", raising=False)
+    monkeypatch.setenv("CI", "true")
+    assert resolve(None) is False
+    monkeypatch.delenv("CI")
+    assert resolve(None) is False  # pytest captures stderr: not a terminal
+    monkeypatch.setenv("JAXBNP_PROGRESS", "1")
+    assert resolve(None) is True
+    DirichletProcessMixture(**SETTINGS, progress_bar=None).fit(X)  # compiled runners reused
+    assert "gibbs" in capsys.readouterr().err
+    monkeypatch.setenv("JAXBNP_PROGRESS", "0")
+    DirichletProcessMixture(**SETTINGS).fit(X)
+    assert capsys.readouterr().err == ""
+
+
 # ----------------------------------------------------------------------------- prediction
 def _predictive_by_marginal_ratios(X, dpm, x):
     """Per draw and option (each cluster, then a new one): ``log p(x, option | X, Π_t)`` as a
@@ -136,6 +162,7 @@ def test_predict_predict_proba_score(fitted):
         ({"method": "mapdp", "measure": bnp.NGGP(1.0, 0.5)}, None, ValueError, "DP and PitmanYor"),
         ({"method": "tgmcmc", "measure": bnp.PitmanYor(1.0, 0.2)}, None, ValueError, "DP and NGGP"),
         ({"random_state": "seed"}, None, ValueError, "random_state"),
+        ({"progress_bar": "yes"}, None, ValueError, "progress_bar must be True, False or None"),
         ({}, np.array([[0.0, np.nan], [1.0, 2.0]]), ValueError, "NaN or inf"),
         ({}, np.array([[0.0, np.inf], [1.0, 2.0]]), ValueError, "NaN or inf"),
         ({}, np.zeros(5), ValueError, "Reshape your data"),

@@ -739,6 +739,7 @@ def fit_ddt(
     noise: float | None = None,
     t_stop: float | None = None,
     num_clusters: int | None = None,
+    progress_bar: bool | None = None,
 ) -> DDTFit:
     """Fit a Dirichlet diffusion tree to ``X`` and cut it into clusters (for the CLI).
 
@@ -750,13 +751,17 @@ def fit_ddt(
     :class:`DiffusionTreeMCMC` chains; returns the best tree seen, its labels
     from :func:`~jaxbnp.models.ddt.cut_tree` at ``t_stop`` (default 0.5) or at
     ``num_clusters``, the ``log_joint`` trace and all draws. ``subset_size``
-    defaults to ``max(1, min(n − 1, n // 4))``.
+    defaults to ``max(1, min(n − 1, n // 4))``. ``progress_bar``: NumPyro's
+    bar (``None``: auto, shown only on a terminal outside CI; ``jaxbnp._progress``).
     """
     import numpyro
     from numpyro.infer import MCMC
 
     from .population import PopulationDDT
 
+    from .._progress import resolve as resolve_progress
+
+    show = resolve_progress(progress_bar)
     Xn = check_data(X)
     n = Xn.shape[0]
     if n < 2:
@@ -795,7 +800,7 @@ def fit_ddt(
     warm = int(num_samples) // 2 if num_warmup is None else int(num_warmup)
     mcmc = MCMC(
         kernel, num_warmup=warm, num_samples=int(num_samples), num_chains=int(num_chains),
-        chain_method="vectorized", progress_bar=False,
+        chain_method="vectorized", progress_bar=show,
     )
     key = jax.random.key(0) if key is None else key
     mcmc.run(key, Xj, extra_fields=("log_joint",))
