@@ -75,6 +75,8 @@ __all__ = [
     "negative_log_joint",
     "fit",
     "batched_sweep",
+    "block_proposal",
+    "block_delta",
     "predict_log_weights",
 ]
 
@@ -118,47 +120,19 @@ def batched_sweep(
         idx = lax.dynamic_slice(padded, (b * block_size,), (block_size,))
         valid = lax.dynamic_slice(valid_all, (b * block_size,), (block_size,))
         xb = X[idx]
-        ps = family.point_stats(xb)
         own = st.labels[idx]
-        one_hot = jax.nn.one_hot(own, capacity, dtype=st.counts.dtype)
-        counts_minus = st.counts[None, :] - one_hot
-        log_existing, log_new = jax.vmap(lambda c: measure.gibbs_log_weights(c))(counts_minus)
-        params = family.predictive_params(st.stats)
-        log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, params))(xb)
-        # own cluster with the point left out
-        own_stats = jax.tree.map(lambda s, p: s[own] - p, st.stats, ps)
-        own_params = family.predictive_params(own_stats)
-        own_pred = jax.vmap(
-            lambda x, p: family.log_predictive_from_params(x, p)
-        )(xb, own_params)
-        log_pred = jnp.where(one_hot > 0, own_pred[:, None], log_pred)
-        scores = jnp.where(counts_minus > 0, log_existing + log_pred, -jnp.inf)
-        new_score = log_new + jax.vmap(
-            lambda x: family.log_predictive_from_params(x, prior_params)[0]
-        )(xb)
-        free_slot, has_free = first_free_slot(st.counts)
-        best = jnp.argmax(scores, axis=1)
-        wants_new = new_score > jnp.max(scores, axis=1)
-        proposal = jnp.where(wants_new & has_free, free_slot, best).astype(st.labels.dtype)
-        proposal = jnp.where(valid, proposal, own)
-        overflow = st.overflow | jnp.any(wants_new & valid & ~has_free)
+        proposal, overflow_new = block_proposal(
+            st.counts, st.stats, xb, own, valid, measure, family, prior_params
+        )
+        overflow = st.overflow | overflow_new
         # joint update of the block
-        w = valid.astype(X.dtype)
-        delta = jax.tree.map(
-            lambda p: jax.ops.segment_sum(p * w.reshape((-1,) + (1,) * (p.ndim - 1)), proposal,
-                                          num_segments=capacity)
-            - jax.ops.segment_sum(p * w.reshape((-1,) + (1,) * (p.ndim - 1)), own,
-                                  num_segments=capacity),
-            ps,
-        )
-        moved_counts = (
-            st.counts
-            + jax.ops.segment_sum(valid.astype(st.counts.dtype), proposal, num_segments=capacity)
-            - jax.ops.segment_sum(valid.astype(st.counts.dtype), own, num_segments=capacity)
-        )
+        delta_counts, delta = block_delta(family.point_stats(xb), valid, proposal, own, capacity,
+                                          st.counts.dtype, X.dtype)
         joint = ClusterState(
-            st.labels.at[idx].set(jnp.where(valid, proposal, st.labels[idx])),
-            moved_counts,
+            # only the valid entries: the padding repeats the last point, and a duplicate
+            # index would write that point's old label over its proposal
+            st.labels.at[jnp.where(valid, idx, n)].set(proposal, mode="drop"),
+            st.counts + delta_counts,
             jax.tree.map(jnp.add, st.stats, delta),
             overflow,
         )
@@ -170,6 +144,66 @@ def batched_sweep(
         )
 
     return lax.fori_loop(0, num_blocks, block, clusters)
+
+
+def block_proposal(
+    counts: jax.Array, stats, xb: jax.Array, own: jax.Array, valid: jax.Array,
+    measure: Measure, family, prior_params,
+) -> tuple[jax.Array, jax.Array]:
+    """The batched MAP-DP proposal of one block (module docstring, ``batched``).
+
+    Every point of ``xb`` (``(B, D)``, currently in slots ``own``) is scored against
+    the statistics ``counts``/``stats`` with itself left out of its own cluster;
+    points whose best option is a new cluster all go to the first free slot.
+    Returns ``(proposal (B,), overflow)``: ``proposal`` equals ``own`` where
+    ``valid`` is false; ``overflow`` is set when a valid point wanted a new
+    cluster and no slot was free. Used by :func:`batched_sweep` and by the
+    data-parallel sweep of :mod:`jaxbnp.inference.sharded`.
+    """
+    capacity = counts.shape[0]
+    ps = family.point_stats(xb)
+    one_hot = jax.nn.one_hot(own, capacity, dtype=counts.dtype)
+    counts_minus = counts[None, :] - one_hot
+    log_existing, log_new = jax.vmap(lambda c: measure.gibbs_log_weights(c))(counts_minus)
+    params = family.predictive_params(stats)
+    log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, params))(xb)
+    # own cluster with the point left out
+    own_stats = jax.tree.map(lambda s, p: s[own] - p, stats, ps)
+    own_params = family.predictive_params(own_stats)
+    own_pred = jax.vmap(
+        lambda x, p: family.log_predictive_from_params(x, p)
+    )(xb, own_params)
+    log_pred = jnp.where(one_hot > 0, own_pred[:, None], log_pred)
+    scores = jnp.where(counts_minus > 0, log_existing + log_pred, -jnp.inf)
+    new_score = log_new + jax.vmap(
+        lambda x: family.log_predictive_from_params(x, prior_params)[0]
+    )(xb)
+    free_slot, has_free = first_free_slot(counts)
+    best = jnp.argmax(scores, axis=1)
+    wants_new = new_score > jnp.max(scores, axis=1)
+    proposal = jnp.where(wants_new & has_free, free_slot, best).astype(own.dtype)
+    proposal = jnp.where(valid, proposal, own)
+    return proposal, jnp.any(wants_new & valid & ~has_free)
+
+
+def block_delta(ps, valid: jax.Array, proposal: jax.Array, own: jax.Array, capacity: int,
+                count_dtype=jnp.int32, weight_dtype=None):
+    """Change of ``(counts, stats)`` when the valid points of a block (point statistics
+    ``ps``) move from slots ``own`` to slots ``proposal``; ``weight_dtype`` (default: the
+    data's float dtype) is the dtype of the 0/1 weights that mask out invalid points."""
+    w = valid.astype(weight_dtype or jnp.result_type(float))
+    delta = jax.tree.map(
+        lambda p: jax.ops.segment_sum(p * w.reshape((-1,) + (1,) * (p.ndim - 1)), proposal,
+                                      num_segments=capacity)
+        - jax.ops.segment_sum(p * w.reshape((-1,) + (1,) * (p.ndim - 1)), own,
+                              num_segments=capacity),
+        ps,
+    )
+    delta_counts = (
+        jax.ops.segment_sum(valid.astype(count_dtype), proposal, num_segments=capacity)
+        - jax.ops.segment_sum(valid.astype(count_dtype), own, num_segments=capacity)
+    )
+    return delta_counts, delta
 
 
 LLOYD_SAMPLE = 16384  # points used by the split proposals' Lloyd iterations
