@@ -91,6 +91,7 @@ from .ibhc import (
     cut_at,
     ibhc,
     seq_insert,
+    sequential_tree_host,
     sequential_tree_jax,
     stoc_insert,
     stoc_insert_log_prob,
@@ -209,6 +210,10 @@ class TreeGuidedHost:
         self._cache: OrderedDict[int, list] = OrderedDict()
         self._pair_memo: dict = {}
         self._cache_size = int(cache_size)
+        # canonical trees by the jitted builder; False: by the host builder (same trees in
+        # float64), for callbacks running on every device at once (chain_method="parallel"),
+        # where a JAX call from the callback waits on a device that is itself in a callback
+        self.jit_trees = True
 
     # -- parameters -----------------------------------------------------------------------
     def set_params(self, measure, family: Family, u: Any = None) -> None:
@@ -237,7 +242,8 @@ class TreeGuidedHost:
             pts = points_of(mask, self.n)
             if pts.size == 0:
                 raise ValueError("empty cluster")
-            entry = [sequential_tree_jax(self.struct, pts), 0]
+            build = sequential_tree_jax if self.jit_trees else sequential_tree_host
+            entry = [build(self.struct, pts), 0]
             self._cache[mask] = entry
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
@@ -544,6 +550,16 @@ def _host_for(run_id: int, chain_id: int, X: np.ndarray, measure, family, u) -> 
     return host
 
 
+def _inside_pmap() -> bool:
+    """Whether the kernel is being traced inside ``pmap`` (NumPyro's ``chain_method="parallel"``)."""
+    try:
+        from jax._src import core as jax_core
+
+        return bool(jax_core.unsafe_get_axis_names())
+    except Exception:  # pragma: no cover - a JAX without this internal: assume parallel (safe)
+        return True
+
+
 def _seed(key_data: np.ndarray) -> np.random.Generator:
     return np.random.default_rng(np.asarray(key_data, dtype=np.uint32).ravel().tolist())
 
@@ -554,9 +570,10 @@ def _forget_run(run_id: int) -> None:
             del _HOSTS[key]
 
 
-def _host_global_moves(run_id, num_moves, early_rejection, chain_id, key_data, X, labels, measure,
-                       family, u):
+def _host_global_moves(run_id, num_moves, early_rejection, jit_trees, chain_id, key_data, X, labels,
+                       measure, family, u):
     host = _host_for(run_id, chain_id, X, measure, family, u)
+    host.jit_trees = jit_trees
     new_labels, infos = host.run(_seed(key_data), np.asarray(labels), num_moves, early_rejection)
     proposed = [i for i in infos if i.kind != "none"]
     accepted = sum(i.accepted for i in proposed)
@@ -689,9 +706,10 @@ class TreeGuidedMCMC(MoveStatsKernel):
         accepted = proposed = jnp.zeros((), jnp.int32)
         mean_log = jnp.zeros((), jnp.float32)
         if self._num_global_moves:
+            jit_trees = not _inside_pmap()
             labels, accepted, proposed, mean_log = io_callback(
                 lambda *a: _host_global_moves(
-                    self._run_id, self._num_global_moves, self._early_rejection, *a
+                    self._run_id, self._num_global_moves, self._early_rejection, jit_trees, *a
                 ),
                 (
                     jax.ShapeDtypeStruct((n,), jnp.int32),
