@@ -17,7 +17,7 @@ import numpy as np
 
 __all__ = ["main"]
 
-METHODS = ("gibbs", "splitmerge", "tgmcmc", "mapdp", "ddt")
+METHODS = ("gibbs", "splitmerge", "tgmcmc", "mapdp", "ddt", "bhmc")
 
 
 def _load(path: str | None, labels_path: str | None):
@@ -141,6 +141,7 @@ def _cluster(args) -> int:
 
     t0 = time.perf_counter()
     tree = None  # the fitted diffusion tree (--method ddt)
+    bhmc_fit = None  # the BHMC fit (--method bhmc)
     if args.method == "mapdp":
         from .estimators import MAPDP
 
@@ -166,6 +167,16 @@ def _cluster(args) -> int:
         capacity = None
         z = None
         tree = fit.tree
+    elif args.method == "bhmc":  # nCRP + multilevel HDP mixture (Huang et al.), labels per level
+        from .inference.bhmc import fit_bhmc
+
+        bhmc_fit = fit_bhmc(jax.random.key(args.seed), X, depth=args.depth, alpha=args.alpha,
+                            num_samples=args.samples, num_warmup=args.warmup, num_chains=args.chains)
+        best = np.asarray(bhmc_fit.labels_per_level[-1])
+        log_joint = np.asarray(bhmc_fit.log_lik)
+        num_clusters = np.asarray(bhmc_fit.samples["num_leaves"])
+        capacity = None
+        z = None
     else:
         z, log_joint, num_clusters, capacity = _run_gibbs(X, family, args.alpha, args)
     seconds = time.perf_counter() - t0
@@ -196,7 +207,8 @@ def _cluster(args) -> int:
         "seconds": round(seconds, 3),
         "clusters_point_estimate": int(len(np.unique(best))),
         "point_estimate": "min expected variation of information over the draws"
-        if z is not None else ("best tree, cut" if args.method == "ddt" else "MAP-DP"),
+        if z is not None else {"ddt": "best tree, cut", "bhmc": "leaves of the sample with the highest "
+                               "complete-data log likelihood"}.get(args.method, "MAP-DP"),
         "clusters_best_draw": int(len(np.unique(best_draw))),
         "clusters_posterior_mean": float(num_clusters.mean()),
         "clusters_posterior_range": [int(num_clusters.min()), int(num_clusters.max())],
@@ -218,6 +230,15 @@ def _cluster(args) -> int:
             summary["nmi"] = None
             print('jaxbnp: install scikit-learn ("jaxbnp[plot]") for NMI/ARI.', file=sys.stderr)
 
+    if bhmc_fit is not None:
+        summary["depth"] = int(args.depth)
+        summary["clusters_per_level"] = [int(len(np.unique(row))) for row in bhmc_fit.labels_per_level]
+        for level, row in enumerate(bhmc_fit.labels_per_level, start=1):
+            np.savetxt(out / f"labels_level{level}.csv", row, fmt="%d", header="cluster", comments="")
+            if y is not None:
+                from .metrics import level_scores
+
+                summary[f"level{level}"] = level_scores(y[:, None], bhmc_fit.paths, level)
     np.savetxt(out / "labels.csv", best, fmt="%d", header="cluster", comments="")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plots = []
@@ -242,6 +263,13 @@ def _cluster(args) -> int:
             ax.figure.savefig(out / "coclustering.png", dpi=120, bbox_inches="tight")
             plt.close(ax.figure)
             plots += ["trace.png", "coclustering.png"]
+        if bhmc_fit is not None:
+            from .plot_trees import plot_bhmc_tree
+
+            ax = plot_bhmc_tree(bhmc_fit.paths, labels_true=y)
+            ax.figure.savefig(out / "bhmc_tree.png", dpi=120, bbox_inches="tight")
+            plt.close(ax.figure)
+            plots.append("bhmc_tree.png")
         if tree is not None:
             from .plot_trees import plot_dendrogram
 
@@ -258,6 +286,12 @@ def _cluster(args) -> int:
               f"{args.warmup} warm-up + {args.samples} draws; best tree cut "
               + (f"into {args.ddt_clusters} clusters" if args.ddt_clusters else
                  f"at t = {args.t_stop}" if args.t_stop else "at the largest gap between divergence times"))
+    elif args.method == "bhmc":
+        print(f"method    bhmc: nCRP(alpha={args.alpha}) + multilevel HDP mixture, depth {args.depth}, "
+              f"{args.chains} chain(s), {args.warmup} warm-up + {args.samples} sweeps; the sample with "
+              "the highest complete-data log likelihood")
+        print("levels    " + ", ".join(f"level {l}: {k} clusters"
+                                       for l, k in enumerate(summary["clusters_per_level"], start=1)))
     elif args.method != "mapdp":
         moves = {
             "splitmerge": f" ({args.split_merge_moves} split-merge moves + 1 Gibbs sweep per iteration)",
@@ -332,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gibbs: collapsed Gibbs posterior draws; splitmerge: Jain-Neal split-merge "
                    "moves + Gibbs sweeps; tgmcmc: tree-guided MCMC (Lee & Choi 2015); "
                    "mapdp: MAP-DP point estimate; ddt: Dirichlet diffusion tree by population "
-                   "MCMC, cut into clusters (default gibbs)")
+                   "MCMC, cut into clusters; bhmc: nested CRP + multilevel HDP mixture (Huang et al.), "
+                   "writes labels_level{l}.csv per level and bhmc_tree.png (default gibbs)")
     c.add_argument("--family", default="normal-wishart",
                    choices=["normal-wishart", "normal-gamma", "beta-bernoulli", "dirichlet-multinomial"],
                    help="likelihood; priors from the data (tgMCMC settings for normal-wishart)")
@@ -348,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--global-moves", type=int, default=20,
                    help="tree-guided global moves per iteration for --method tgmcmc (default 20, the paper's G)")
     c.add_argument("--depth", type=int, default=2,
-                   help="--method tgmcmc local moves resample n/2^DEPTH points per iteration (default 2)")
+                   help="--method tgmcmc local moves resample n/2^DEPTH points per iteration; "
+                   "--method bhmc: the tree depth L (default 2)")
     c.add_argument("--tgmcmc-init", choices=["ibhc", "noisy"], default="ibhc",
                    help="--method tgmcmc initial partition: IBHC or the paper's noisy trees (default ibhc)")
     c.add_argument("--warmup", type=int, default=100, help="warm-up sweeps per chain (default 100)")
@@ -386,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"jaxbnp: --{name.replace('_', '-')} must be {bound}.")
         if not args.alpha > 0:
             raise SystemExit("jaxbnp: --alpha must be > 0.")
-        if (args.resume or args.checkpoint_every) and args.method in ("mapdp", "ddt"):
+        if (args.resume or args.checkpoint_every) and args.method in ("mapdp", "ddt", "bhmc"):
             raise SystemExit("jaxbnp: --resume and --checkpoint-every apply to gibbs, splitmerge "
                              "and tgmcmc.")
         return _cluster(args)

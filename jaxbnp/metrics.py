@@ -54,6 +54,9 @@ __all__ = [
     "nmi",
     "ari",
     "purity",
+    "f_measure",
+    "extend_paths",
+    "level_scores",
 ]
 
 _LOSSES = ("vi", "binder")
@@ -564,3 +567,83 @@ def purity(labels_true: Any, labels_pred: Any) -> float:
     if a.shape != b.shape:
         raise ValueError(f"the two labelings have lengths {a.size} and {b.size}.")
     return float(_contingency(b, a).max(axis=1).sum() / a.size)
+
+
+# ----------------------------------------------------------------------------- per-level scores (BHMC)
+def f_measure(labels_true: Any, labels_pred: Any) -> float:
+    """F-measure of a clustering against classes (Steinbach, Karypis & Kumar 2000; BHMC paper ref. [13]).
+
+    ``F = Σ_i (n_i / n) max_j F(i, j)``, ``F(i, j) = 2 P R / (P + R)`` with
+    ``P = n_ij / n_j`` (precision of cluster ``j`` for class ``i``) and
+    ``R = n_ij / n_i`` (recall); computed from scikit-learn's contingency matrix.
+
+    >>> f_measure([0, 0, 1, 1], [0, 0, 1, 1])
+    1.0
+    """
+    a, b = _as_labels(labels_true, "labels_true"), _as_labels(labels_pred, "labels_pred")
+    if a.shape != b.shape:
+        raise ValueError(f"the two labelings have lengths {a.size} and {b.size}.")
+    table = _sklearn_metrics().cluster.contingency_matrix(a, b).astype(float)  # classes x clusters
+    n_class = table.sum(axis=1, keepdims=True)
+    n_clust = table.sum(axis=0, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f = np.where(table > 0, 2.0 * table / (n_class + n_clust), 0.0)  # = 2PR/(P+R)
+    return float(np.sum(n_class[:, 0] / a.size * f.max(axis=1)))
+
+
+def extend_paths(paths: Any, depth: int) -> np.ndarray:
+    """Paths ``(N, L)`` extended (or cut) to ``depth`` levels by the BHMC paper's rule (§5).
+
+    A point whose path is shorter than ``depth`` keeps its last label at the
+    remaining levels. Shorter paths are marked by negative entries (``−1``)
+    after their end. Returns ``(N, depth)``.
+
+    >>> extend_paths([[3, 5], [4, -1]], 3).tolist()
+    [[3, 5, 5], [4, 4, 4]]
+    """
+    arr = _check_integer(np.asarray(paths), "paths")
+    if arr.ndim != 2 or arr.shape[1] < 1:
+        raise ValueError(f"paths must be a 2-D array (num_points, num_levels), got shape {arr.shape}.")
+    if int(depth) < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}.")
+    if np.any(arr[:, 0] < 0):
+        raise ValueError("every path needs a label at its first level.")
+    out = np.empty((arr.shape[0], int(depth)), np.int64)
+    last = arr[:, 0].copy()
+    for level in range(int(depth)):
+        if level < arr.shape[1]:
+            col = arr[:, level]
+            last = np.where(col >= 0, col, last)
+        out[:, level] = last
+    return out
+
+
+def level_scores(true_paths: Any, pred_paths: Any, level: int) -> dict:
+    """Purity, NMI, ARI and F-measure at one level (``1`` = the first level below the root).
+
+    ``true_paths`` and ``pred_paths`` are ``(N, L)`` label arrays (one column
+    per level, labels need only be unique within a column; ``−1`` after the
+    end of a shorter path); both are extended to ``level`` levels by the
+    paper's rule (:func:`extend_paths`) so every point counts at every level.
+    Returns ``{"purity", "nmi", "ari", "f_measure", "num_clusters"}``.
+    Labels are made unique per path prefix, so equal ids under different
+    parents are different clusters.
+    """
+    level = int(level)
+    if level < 1:
+        raise ValueError(f"level must be >= 1, got {level}.")
+    t, p = extend_paths(true_paths, level), extend_paths(pred_paths, level)
+    if t.shape[0] != p.shape[0]:
+        raise ValueError(f"true_paths has {t.shape[0]} points but pred_paths has {p.shape[0]}.")
+
+    def prefix_labels(a):
+        return np.unique(a, axis=0, return_inverse=True)[1].reshape(-1)
+
+    yt, yp = prefix_labels(t), prefix_labels(p)
+    return {
+        "purity": purity(yt, yp),
+        "nmi": nmi(yt, yp),
+        "ari": ari(yt, yp),
+        "f_measure": f_measure(yt, yp),
+        "num_clusters": int(len(np.unique(yp))),
+    }

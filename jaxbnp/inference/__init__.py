@@ -15,3 +15,8 @@ from .ddt_mcmc import DDTFit, DiffusionTreeMCMC, fit_ddt  # noqa: E402
 from .population import PopulationDDT  # noqa: E402
 
 __all__ += ["DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt"]
+
+# BHMC: nested CRP + multilevel HDP mixture (MATH.md §6)
+from .bhmc import BHMCFit, fit_bhmc  # noqa: E402
+
+__all__ += ["BHMCFit", "fit_bhmc"]

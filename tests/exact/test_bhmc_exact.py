@@ -1,0 +1,202 @@
+"""BHMC: exact checks of the path prior and a Geweke test of the sampler (MATH.md §6).
+
+1. The path prior ``log p(V)`` of MATH.md §6 equals the sequential nCRP
+   probability of every path configuration of 4 points at depth 2 (all
+   configurations enumerated by seating the points one after the other) and
+   sums to one; perturbed formulas (``lgamma(N_z' + 1)`` on the edges, or
+   ``m_z + 1`` powers of ``α``) do not.
+2. Geweke "getting it right" (N = 4, L = 2, D = 1): chains started from the
+   NumPyro program's forward draws that alternate ``x ~ p(x | c, θ)`` and one
+   sweep (path MH, Gibbs on ``c``, eq. 5; the eqs. 3–4 update of ``β`` is off,
+   see ``jaxbnp/inference/bhmc.py`` on its exactness) stay at the prior.
+   Each chain contributes its state after ``NUM_SWEEPS`` sweeps (independent
+   draws), compared with forward draws disjoint from the starting states: numbers of occupied first-level nodes, leaves
+   and components, whether points 0 and 1 share a leaf (chi-square), the mean
+   of ``x``, ``θ_{c_0}`` and ``log β_{v_0L, c_0}`` (KS). Power: the same test
+   rejects a sweep whose path acceptance drops the proposal ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpyro import handlers
+from scipy import stats
+
+from jaxbnp.inference import bhmc
+from jaxbnp.models import nested
+
+FAST = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+path_log_prior = jax.jit(nested.path_log_prior, static_argnums=2)
+
+
+# ------------------------------------------------------------------------ 1. path prior
+def enumerate_ncrp(num_points: int, depth: int, alpha: float) -> list:
+    """All nCRP seatings: (paths with ids in creation order, sequential probability)."""
+    out = []
+
+    def rec(i, paths, counts, children, next_id, logp):
+        if i == num_points:
+            out.append((np.array(paths), math.exp(logp)))
+            return
+
+        def descend(level, node, row, counts, children, next_id, logp):
+            if level == depth:
+                new_counts = dict(counts)
+                for z in [0] + row:
+                    new_counts[z] = new_counts.get(z, 0) + 1
+                rec(i + 1, paths + [row], new_counts, children, next_id, logp)
+                return
+            n_node = counts.get(node, 0)
+            for child in children.get(node, []):
+                lp = logp + math.log(counts[child]) - math.log(n_node + alpha)
+                descend(level + 1, child, row + [child], counts, children, next_id, lp)
+            ch = {k: list(v) for k, v in children.items()}
+            ch.setdefault(node, []).append(next_id)
+            lp = logp + math.log(alpha) - math.log(n_node + alpha)
+            descend(level + 1, next_id, row + [next_id], counts, ch, next_id + 1, lp)
+
+        descend(0, 0, [], counts, children, next_id, logp)
+
+    rec(0, [], {}, {}, 1, 0.0)
+    return out
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 2.5])
+def test_path_prior_sums_to_one_over_all_configurations(alpha):
+    configs = enumerate_ncrp(4, 2, alpha)
+    seq = np.array([p for _, p in configs])
+    assert len({tuple(map(tuple, paths)) for paths, _ in configs}) == len(configs)  # distinct
+    assert seq.sum() == pytest.approx(1.0, abs=1e-12)  # the enumeration is complete
+    formula = np.array([float(np.exp(path_log_prior(paths, alpha, 9))) for paths, _ in configs])
+    np.testing.assert_allclose(formula, seq, rtol=1e-9)
+    assert formula.sum() == pytest.approx(1.0, abs=1e-10)
+    # a renaming of the nodes does not change it
+    paths = configs[len(configs) // 2][0]
+    renamed = np.where(paths > 0, 20 - paths, 0)
+    assert float(path_log_prior(renamed, alpha, 21)) == pytest.approx(
+        float(path_log_prior(paths, alpha, 9)), abs=1e-12)
+    # power: perturbed formulas do not sum to one: lgamma(N_z' + 1) for lgamma(N_z') on the
+    # edges (N! for (N-1)!), or m_z + 1 powers of α
+    perturbed_edges, perturbed_alpha = [], []
+    for paths, _ in configs:
+        parent, depth, count = (np.asarray(a) for a in nested.tree_from_paths(paths, 9))
+        exact = float(np.exp(path_log_prior(paths, alpha, 9)))
+        edges = (count > 0) & (parent >= 0)
+        internal = (count > 0) & (depth < 2)
+        perturbed_edges.append(exact * np.prod(count[edges]))
+        perturbed_alpha.append(exact * alpha ** int(internal.sum()))
+    assert abs(sum(perturbed_edges) - 1.0) > 0.1
+    if alpha != 1.0:
+        assert abs(sum(perturbed_alpha) - 1.0) > 0.05
+
+
+# ------------------------------------------------------------------------ 2. Geweke
+N, L, D, K = 4, 2, 1, 16
+M = nested.default_node_capacity(N, L)
+HYPER = nested.NestedHDP(depth=L, alpha=1.0, gamma0=1.0, gamma=1.0, Sigma=[[0.3]], Sigma0=[[1.0]])
+CONFIG = bhmc.BHMCConfig(L, M, K, update_beta=False)
+MODEL = bhmc.make_model(HYPER)
+NUM_CHAINS, NUM_FORWARD = 400, 2000
+NUM_SWEEPS = 20
+
+
+def _forward_one(key):
+    tr = handlers.trace(handlers.seed(nested.nested_hdp_model, key)).get_trace(
+        hyper=HYPER, num_points=N, component_capacity=K, node_capacity=M)
+    return {k: tr[k]["value"] for k in ("paths", "c", "theta", "log_beta", "x")}
+
+
+@partial(jax.jit, compiler_options=FAST)
+def forward_states(keys):
+    def one(key):
+        sim = _forward_one(key)
+        return bhmc.state_from_simulation(sim, HYPER, sim["x"], MODEL, CONFIG), sim["x"]
+
+    return jax.vmap(one)(keys)
+
+
+def statistics(state: bhmc.BHMCState, X) -> dict:
+    live = state.count > 0
+    leaf0 = state.paths[..., 0, -1]
+    c0 = state.c[..., 0]
+    theta_c0 = jnp.take_along_axis(state.theta[..., 0], c0[..., None], axis=-1)[..., 0]
+    lb = jnp.take_along_axis(state.log_beta, leaf0[..., None, None], axis=-2)[..., 0, :]
+    return {
+        "num_top": jnp.sum(live & (state.depth == 1), -1),
+        "num_leaves": jnp.sum(live & (state.depth == L), -1),
+        "num_components": jnp.sum(state.comp_active, -1),
+        "share_leaf": (state.paths[..., 0, -1] == state.paths[..., 1, -1]).astype(jnp.int32),
+        "x_mean": jnp.mean(X[..., 0], -1),
+        "theta_c0": theta_c0,
+        "log_beta_c0": jnp.take_along_axis(lb, c0[..., None], axis=-1)[..., 0],
+    }
+
+
+def make_geweke_run():
+    """``jit(vmap(run))`` of the successive-conditional chain; traced anew (picks up monkeypatches)."""
+
+    def run(key, state):
+        def body(carry, k):
+            s = carry
+            kx, ks = jax.random.split(k)
+            x = s.theta[s.c] + jnp.sqrt(0.3) * jax.random.normal(kx, (N, D), s.theta.dtype)
+            s = bhmc.sweep(ks, s, x, MODEL, CONFIG)
+            return s, statistics(s, x)
+
+        _, stats_trace = jax.lax.scan(body, state, jax.random.split(key, NUM_SWEEPS))
+        return jax.tree.map(lambda a: a[-1], stats_trace)  # one state per chain: independent draws
+
+    return jax.jit(jax.vmap(run), compiler_options=FAST)
+
+
+def compare(forward: dict, chain: dict) -> dict:
+    pvals = {}
+    for name in ("num_top", "num_leaves", "num_components", "share_leaf"):
+        a, b = np.asarray(forward[name]).ravel(), np.asarray(chain[name]).ravel()
+        values = np.union1d(a, b)
+        table = np.array([[np.sum(a == v) for v in values], [np.sum(b == v) for v in values]])
+        table = table[:, table.sum(0) >= 5]
+        pvals[name] = 1.0 if table.shape[1] < 2 else float(stats.chi2_contingency(table)[1])
+    for name in ("x_mean", "theta_c0", "log_beta_c0"):
+        pvals[name] = float(stats.ks_2samp(np.asarray(forward[name]).ravel(),
+                                           np.asarray(chain[name]).ravel()).pvalue)
+    return pvals
+
+
+@pytest.fixture(scope="module")
+def geweke_setup():
+    states, X = forward_states(jax.random.split(jax.random.key(11), NUM_FORWARD + NUM_CHAINS))
+    assert not bool(jnp.any(states.overflow))
+    # disjoint sets: NUM_FORWARD draws to compare with, NUM_CHAINS draws to start the chains from
+    forward = jax.tree.map(lambda a: a[NUM_CHAINS:], statistics(states, X))
+    start = jax.tree.map(lambda a: a[:NUM_CHAINS], states)
+    return forward, start
+
+
+def test_geweke_successive_conditional(geweke_setup):
+    forward, start = geweke_setup
+    chain = make_geweke_run()(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
+    pvals = compare(forward, chain)
+    print("Geweke p-values:", pvals)
+    assert min(pvals.values()) > 1e-3, pvals
+    # the chain did move: the path move is accepted and the tree changes
+    assert np.mean(np.asarray(chain["num_leaves"])) > 1.0
+
+
+def test_geweke_power_dropped_proposal_ratio(geweke_setup, monkeypatch):
+    forward, start = geweke_setup
+
+    def broken(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back):
+        return (lik_new + prior_new) - (lik_old + prior_old)  # the nCRP proposal ratio dropped
+
+    monkeypatch.setattr(bhmc, "_log_acceptance", broken)
+    chain = make_geweke_run()(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
+    pvals = compare(forward, chain)
+    print("Geweke p-values, broken kernel:", pvals)
+    assert min(pvals.values()) < 1e-6, pvals
