@@ -10,9 +10,12 @@ import sys
 import numpy as np
 import pytest
 
+from .conftest import TEST_XLA_FLAGS
+
 
 def _run_cli(*args, cwd):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["XLA_FLAGS"] = TEST_XLA_FLAGS  # faster compilation only (tests/conftest.py)
     return subprocess.run(
         [sys.executable, "-m", "jaxbnp.cli", *args], cwd=cwd, env=env,
         capture_output=True, text=True, timeout=600,

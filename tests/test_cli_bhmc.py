@@ -9,6 +9,8 @@ import sys
 
 import numpy as np
 
+from .conftest import TEST_XLA_FLAGS
+
 
 def test_cluster_bhmc_writes_levels_and_tree(tmp_path):
     rng = np.random.default_rng(0)
@@ -18,6 +20,7 @@ def test_cluster_bhmc_writes_levels_and_tree(tmp_path):
     np.savetxt(tmp_path / "x.csv", X, delimiter=",")
     np.savetxt(tmp_path / "y.txt", y, fmt="%d")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["XLA_FLAGS"] = TEST_XLA_FLAGS  # faster compilation only (tests/conftest.py)
     r = subprocess.run(
         [sys.executable, "-m", "jaxbnp.cli", "cluster", "x.csv", "--labels", "y.txt", "--method", "bhmc",
          "--depth", "2", "--chains", "1", "--warmup", "10", "--samples", "10", "--out", "o"],

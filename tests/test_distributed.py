@@ -25,6 +25,8 @@ import jaxbnp as bnp
 from jaxbnp import distributed
 from jaxbnp.inference import mapdp, sharded
 
+from .conftest import TEST_XLA_FLAGS
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # wine, standardised, with the prior of tests/test_mapdp.py: batched MAP-DP leaves the one-cluster start
@@ -126,7 +128,7 @@ jax.distributed.shutdown()
 
 def _env(num_devices: int) -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices} {TEST_XLA_FLAGS}"
     env["JAX_ENABLE_X64"] = "1"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
