@@ -346,12 +346,19 @@ def update_sigma(key: jax.Array, state: DDTState, X: jax.Array, prior) -> DDTSta
 
 
 def _update_sigma(unif, state, X, prior):
+    return _update_scale(unif, state, X, prior, "sigma")
+
+
+def _update_scale(unif, state, X, prior, name):
+    """Slice update of ``log`` of the data term's ``sigma`` or ``noise`` (``name``)."""
     order = bottom_up_order(state.tree)
-    sigma, ll = _slice_log(
-        unif, prior, state.sigma, state.log_likelihood,
-        lambda v: log_likelihood(state.tree, X, v, state.noise, order=order),
-    )
-    return state._replace(sigma=sigma, log_likelihood=ll)
+
+    def log_lik(v):
+        scales = {"sigma": state.sigma, "noise": state.noise, name: v}
+        return log_likelihood(state.tree, X, scales["sigma"], scales["noise"], order=order)
+
+    value, ll = _slice_log(unif, prior, getattr(state, name), state.log_likelihood, log_lik)
+    return state._replace(**{name: value, "log_likelihood": ll})
 
 
 def update_noise(key: jax.Array, state: DDTState, X: jax.Array, prior) -> DDTState:
@@ -360,12 +367,7 @@ def update_noise(key: jax.Array, state: DDTState, X: jax.Array, prior) -> DDTSta
 
 
 def _update_noise(unif, state, X, prior):
-    order = bottom_up_order(state.tree)
-    noise, ll = _slice_log(
-        unif, prior, state.noise, state.log_likelihood,
-        lambda v: log_likelihood(state.tree, X, state.sigma, v, order=order),
-    )
-    return state._replace(noise=noise, log_likelihood=ll)
+    return _update_scale(unif, state, X, prior, "noise")
 
 
 # ------------------------------------------------------------------------------------ step
@@ -571,14 +573,6 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         self._init_strategy = init_strategy
         self._spec: ModelSpec | None = None
         self._sample_fn = None
-
-    @property
-    def model(self):
-        return self._model
-
-    @property
-    def default_fields(self):
-        return ("z",)
 
     # -- reading the model --------------------------------------------------------------
     def _read(self, z, model_args, model_kwargs):

@@ -780,11 +780,7 @@ def _check_order(order: Any, n: int) -> np.ndarray:
 
 def sequential_tree(model: TreeModel, order: Any = None) -> Node:
     """One tree over all points by SeqInsert of each point, in ``order``, without splits."""
-    order = _check_order(order, model.num_points)
-    root = model.leaf(order[0])
-    for i in order[1:]:
-        root = seq_insert(model, root, model.leaf(i))
-    return root
+    return sequential_tree_host(model, _check_order(order, model.num_points))
 
 
 def sequential_tree_host(model: TreeModel, points: Any) -> Node:

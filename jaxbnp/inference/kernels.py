@@ -194,6 +194,14 @@ class DiscreteSiteKernel(MCMCKernel):
     sample function in ``_sample_fn``.
     """
 
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def default_fields(self):
+        return ("z",)
+
     def wrap_model(self, wrapper):
         kernel = copy.copy(self)
         kernel._model = wrapper(self._model)
@@ -268,14 +276,6 @@ class CollapsedGibbs(DiscreteSiteKernel):
         self._chain_batching = chain_batching
         self._spec: ModelSpec | None = None
         self._sample_fn = None
-
-    @property
-    def model(self):
-        return self._model
-
-    @property
-    def default_fields(self):
-        return ("z",)
 
     def capacity_for(self, num_points: int) -> int:
         if self._capacity is not None:
