@@ -549,3 +549,21 @@ def test_normal_wishart_rank_one_updates_match_recomputation():
     prior = family.predictive_params(family.empty_stats(1, d))
     for got, want in zip(family.params_remove(family.predictive_params(one), jnp.asarray(x)), prior):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 6, 8, 9])
+def test_logdet_pd_matches_numpy_slogdet_and_flags_non_positive_definite(d):
+    """``JAX_MATH.logdet_pd`` (unrolled Cholesky up to d = 8, LAPACK above) equals
+    ``numpy.linalg.slogdet`` on SPD batches and is NaN for indefinite matrices."""
+    from jaxbnp._math import JAX_MATH
+
+    rng = np.random.default_rng(d)
+    A = rng.normal(size=(5, d, d + 3))
+    spd = A @ np.swapaxes(A, -1, -2) + 0.1 * np.eye(d)
+    got = np.asarray(jax.jit(JAX_MATH.logdet_pd)(jnp.asarray(spd)))  # float64 (tests run in x64)
+    sign, want = np.linalg.slogdet(spd)
+    assert np.all(sign > 0)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+    indefinite = spd.copy()
+    indefinite[:, -1, -1] = -1.0  # a negative diagonal entry: not positive definite
+    assert np.all(np.isnan(np.asarray(jax.jit(JAX_MATH.logdet_pd)(jnp.asarray(indefinite)))))
