@@ -98,6 +98,7 @@ from .ibhc import (
 )
 from .kernels import MoveStatsKernel, MoveStatsState, _chain_id
 from .split_merge import _check_count
+from .tgmcmc_device import global_moves
 
 __all__ = [
     "TreeGuidedMCMC",
@@ -642,7 +643,16 @@ class TreeGuidedMCMC(MoveStatsKernel):
         capacity: int | None = None,
         update_hyperparameters: bool = False,
         chain_batching: str = "auto",
+        trees: str = "device",
+        max_parts: int = 16,
     ):
+        if trees not in ("device", "host"):
+            raise ValueError(
+                f"trees must be 'device' (compiled array trees) or 'host' (NumPy trees edited "
+                f"through io_callback), got {trees!r}."
+            )
+        self._trees = trees
+        self._max_parts = _check_count("max_parts", max_parts, 2)
         self._num_global_moves = _check_count("num_global_moves", num_global_moves, 0)
         self._depth = _check_count("depth", depth, 1)
         if init not in ("ibhc", "noisy", "one", "singletons", "prior"):
@@ -705,7 +715,16 @@ class TreeGuidedMCMC(MoveStatsKernel):
         n, capacity = X.shape[0], clusters.capacity
         accepted = proposed = jnp.zeros((), jnp.int32)
         mean_log = jnp.zeros((), jnp.float32)
-        if self._num_global_moves:
+        if self._num_global_moves and self._trees == "device":
+            labels, accepted, proposed, mean_log, no_room = global_moves(
+                k_global, clusters.labels, X, measure, family,
+                u if measure.has_auxiliary else None,
+                capacity=capacity, num_moves=self._num_global_moves, max_parts=self._max_parts,
+                early_rejection=self._early_rejection,
+            )
+            mean_log = mean_log.astype(jnp.float32)
+            clusters = clusters_from_labels(family, X, labels, capacity, clusters.overflow | no_room)
+        elif self._num_global_moves:
             jit_trees = not _inside_pmap()
             labels, accepted, proposed, mean_log = io_callback(
                 lambda *a: _host_global_moves(

@@ -227,12 +227,13 @@ def test_dropping_the_proposal_ratio_is_detected():
     assert total_variation(np.array(draws), parts, probs) > 0.1
 
 
-def test_same_key_same_draws_for_every_chain_method():
+@pytest.mark.parametrize("trees", ["device", "host"])
+def test_same_key_same_draws_for_every_chain_method(trees):
     X = _gaussian_data(N)
     model = _model(bnp.DP(1.0), NG)
     out = {}
-    for method in ("sequential", "vectorized", "parallel"):  # parallel: callbacks on 2 threads
-        mcmc = MCMC(bnp.TreeGuidedMCMC(model, num_global_moves=3, init="noisy"), num_warmup=5,
+    for method in ("sequential", "vectorized", "parallel"):  # parallel: host callbacks on 2 threads
+        mcmc = MCMC(bnp.TreeGuidedMCMC(model, num_global_moves=3, init="noisy", trees=trees), num_warmup=5,
                     num_samples=20, num_chains=2, chain_method=method, progress_bar=False)
         mcmc.run(jax.random.key(3), X)
         out[method] = np.asarray(mcmc.get_samples(group_by_chain=True)["z"])

@@ -1,0 +1,688 @@
+"""tgMCMC's global moves compiled in JAX: IBHC trees as fixed-size arrays (MATH.md §4).
+
+The same exact chain as :class:`~jaxbnp.inference.tgmcmc.TreeGuidedHost`
+(its module docstring: canonical trees, the total probability of a split
+summed over every cut node that yields it, early rejection), with the trees
+held in arrays instead of host ``Node`` objects, so that a whole iteration's
+``num_global_moves`` moves run in one compiled program, vmapped over chains,
+with no host callback.
+
+Arrays
+------
+One node pool per chain of ``2n`` nodes: node ``i < n`` is the leaf of point
+``i``; node ``n + i`` is the internal node that SeqInsert creates when point
+``i`` is inserted into its cluster's canonical tree (the tree of a cluster is
+SeqInsert of its points in increasing index order, so every point but the
+first of its cluster creates exactly one node). The trees of all clusters
+therefore share one pool without any allocation, and a cluster's tree can be
+rebuilt in place without touching the others. Fields per node: ``left``,
+``right``, ``parent`` (``-1``: none), packed statistics, ``size``,
+``log_lik = log P(X_c)``, ``log_h = log κ(|c|, u) + log P(X_c)``, ``log_t``.
+
+Differences from the host version (both exact)
+-----------------------------------------------
+* The tree shapes are built under the current measure, family and ``u``
+  (the host builds shapes under the chain's first parameters and caches them);
+  within one global move both directions use the same trees, which is all the
+  Metropolis-Hastings ratio needs.
+* A split that would make more than ``max_parts`` clusters proposes nothing
+  (the chain stays), and so a merge of more than ``max_parts`` clusters has
+  ``q(Π|Π*) = 0`` and is rejected: the same restriction in both directions
+  keeps detailed balance. ``max_parts = 16`` by default; the number of parts
+  a split produces is reported.
+* The random draws differ (JAX keys instead of NumPy generators).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+__all__ = [
+    "Pool",
+    "TreeContext",
+    "make_context",
+    "build_forest",
+    "build_tree",
+    "split_log_prob",
+    "merge_log_q",
+    "global_moves",
+    "proposal_log_prob",
+]
+
+
+class Pool(NamedTuple):
+    """Node arrays of the canonical trees of one chain (module docstring)."""
+
+    left: jax.Array
+    right: jax.Array
+    parent: jax.Array
+    stats: jax.Array
+    size: jax.Array
+    log_lik: jax.Array
+    log_h: jax.Array
+    log_t: jax.Array
+
+
+class TreeContext(NamedTuple):
+    """What the tree operations need besides the pool: per-point packed statistics,
+    ``log κ(m, u)`` for ``m = 0..n+1`` and the batched ``log P`` of packed rows."""
+
+    points: jax.Array  # (n, P)
+    log_kappa: jax.Array  # (n + 2,)
+    lik: Callable  # packed (B, P) -> (B,)
+
+
+def _flat_stats(family, X):
+    """Per-point statistics as one ``(n, P)`` array and the function back to the pytree."""
+    stats = family.point_stats(X)
+    leaves, treedef = jax.tree.flatten(stats)
+    n = X.shape[0]
+    shapes = tuple(x.shape[1:] for x in leaves)
+    packed = jnp.concatenate([x.reshape(n, -1) for x in leaves], axis=1)
+
+    def unpack(rows):
+        out, start = [], 0
+        for shape in shapes:
+            size = math.prod(shape)
+            out.append(rows[..., start:start + size].reshape(rows.shape[:-1] + shape))
+            start += size
+        return treedef.unflatten(out)
+
+    return packed, unpack
+
+
+def make_context(X, measure, family, u) -> TreeContext:
+    """The :class:`TreeContext` of data ``X`` under ``measure``, ``family`` and ``u`` (traceable)."""
+    packed, unpack = _flat_stats(family, X)
+    n = X.shape[0]
+    sizes = jnp.arange(n + 2, dtype=X.dtype).at[0].set(1.0)
+    u_value = jnp.asarray(0.0 if u is None else u, X.dtype)
+    log_kappa = jnp.asarray(measure.log_kappa(sizes, u_value), X.dtype)
+
+    def lik(rows):
+        return family.log_marginal(unpack(rows)).astype(X.dtype)
+
+    return TreeContext(packed, log_kappa, lik)
+
+
+def empty_pool(ctx: TreeContext) -> Pool:
+    """All points as separate leaves; internal slots unused."""
+    points = ctx.points
+    n = points.shape[0]
+    leaf_lik = ctx.lik(points)
+    leaf_h = ctx.log_kappa[1] + leaf_lik
+    zeros = jnp.zeros(n, points.dtype)
+    minus = -jnp.ones(2 * n, jnp.int32)
+    return Pool(
+        left=minus, right=minus, parent=minus,
+        stats=jnp.concatenate([points, jnp.zeros_like(points)]),
+        size=jnp.concatenate([jnp.ones(n, jnp.int32), jnp.zeros(n, jnp.int32)]),
+        log_lik=jnp.concatenate([leaf_lik, zeros]),
+        log_h=jnp.concatenate([leaf_h, zeros]),
+        log_t=jnp.concatenate([leaf_h, zeros]),
+    )
+
+
+# ----------------------------------------------------------------------------- SeqInsert
+def _union_h(ctx, pool, nodes, s):
+    """``(log P, log φ(h))`` of ``node ∪ s`` for each of ``nodes``."""
+    lik = ctx.lik(pool.stats[nodes] + pool.stats[s])
+    return lik, ctx.log_kappa[pool.size[nodes] + pool.size[s]] + lik
+
+
+def _union_h1(ctx, pool, a, s):
+    """``(log P, log φ(h))`` of ``a ∪ s`` for one node ``a`` (scalar indexing)."""
+    lik = ctx.lik((pool.stats[a] + pool.stats[s])[None])[0]
+    return lik, ctx.log_kappa[pool.size[a] + pool.size[s]] + lik
+
+
+def seq_insert(ctx: TreeContext, pool: Pool, root, s, top_lik, top_h, slot):
+    """SeqInsert(root, s) (``ibhc.seq_insert``: the same comparisons and ties) creating node ``slot``.
+
+    ``top_lik``, ``top_h``: the potentials of ``root ∪ s``. Returns ``(pool, new_root)``.
+    """
+    n = ctx.points.shape[0]
+    dtype = pool.log_t.dtype
+    root, s = jnp.asarray(root, jnp.int32), jnp.asarray(s, jnp.int32)
+    s_t = pool.log_t[s]
+    s_stats, s_size = pool.stats[s], pool.size[s]
+
+    def cond(c):
+        node, done = c[0], c[-1]
+        return (~done) & (pool.left[node] >= 0)
+
+    def body(c):
+        node, cur_lik, cur_h, depth, path, path_lik, path_h, _ = c
+        l, r = pool.left[node], pool.right[node]
+        # scalar indexing: a gather with an index vector is several times slower on CPU
+        liks = ctx.lik(jnp.stack([pool.stats[l] + s_stats, pool.stats[r] + s_stats]))
+        hs = jnp.stack([ctx.log_kappa[pool.size[l] + s_size], ctx.log_kappa[pool.size[r] + s_size]]) + liks
+        d_lr = pool.log_t[l] + pool.log_t[r] - pool.log_h[node]
+        d_ls = pool.log_t[l] + s_t - hs[0]
+        d_rs = pool.log_t[r] + s_t - hs[1]
+        stop = d_lr <= jnp.minimum(d_ls, d_rs)  # case 1: s goes on top of node
+        go_left = d_ls <= d_rs
+        slot_d = jnp.where(stop, n, depth)  # index n: a dummy slot past the path
+        path = path.at[slot_d].set(node)
+        path_lik = path_lik.at[slot_d].set(cur_lik)
+        path_h = path_h.at[slot_d].set(cur_h)
+        return (
+            jnp.where(stop, node, jnp.where(go_left, l, r)),
+            jnp.where(stop, cur_lik, jnp.where(go_left, liks[0], liks[1])),
+            jnp.where(stop, cur_h, jnp.where(go_left, hs[0], hs[1])),
+            jnp.where(stop, depth, depth + 1),
+            path, path_lik, path_h, stop,
+        )
+
+    init = (root, top_lik, top_h, jnp.int32(0), jnp.zeros(n + 1, jnp.int32),
+            jnp.zeros(n + 1, dtype), jnp.zeros(n + 1, dtype), jnp.bool_(False))
+    node, cur_lik, cur_h, depth, path, path_lik, path_h, _ = lax.while_loop(cond, body, init)
+    j = jnp.asarray(slot, jnp.int32)
+    p = pool.parent[node]
+    pp = jnp.maximum(p, 0)
+    left = pool.left.at[j].set(node)
+    right = pool.right.at[j].set(s)
+    left = left.at[pp].set(jnp.where((p >= 0) & (pool.left[pp] == node), j, left[pp]))
+    right = right.at[pp].set(jnp.where((p >= 0) & (pool.right[pp] == node), j, right[pp]))
+    parent = pool.parent.at[j].set(p).at[node].set(j).at[s].set(j)
+    stats = pool.stats.at[j].set(pool.stats[node] + s_stats)
+    size = pool.size.at[j].set(pool.size[node] + s_size)
+    log_lik = pool.log_lik.at[j].set(cur_lik)
+    log_h = pool.log_h.at[j].set(cur_h)
+    log_t = pool.log_t.at[j].set(jnp.logaddexp(cur_h, pool.log_t[node] + s_t))
+
+    def update(i, c):
+        stats, size, log_lik, log_h, log_t = c
+        k = depth - 1 - i
+        v = path[k]
+        stats = stats.at[v].add(s_stats)
+        size = size.at[v].add(s_size)
+        log_lik = log_lik.at[v].set(path_lik[k])
+        log_h = log_h.at[v].set(path_h[k])
+        log_t = log_t.at[v].set(jnp.logaddexp(path_h[k], log_t[left[v]] + log_t[right[v]]))
+        return stats, size, log_lik, log_h, log_t
+
+    stats, size, log_lik, log_h, log_t = lax.fori_loop(0, depth, update, (stats, size, log_lik, log_h, log_t))
+    new_root = jnp.where(depth > 0, path[0], j)
+    return Pool(left, right, parent, stats, size, log_lik, log_h, log_t), new_root
+
+
+# ----------------------------------------------------------------------------- canonical trees
+def build_tree(ctx: TreeContext, pool: Pool, members):
+    """The canonical tree of the points ``members`` (bool ``(n,)``), built in place in ``pool``.
+
+    SeqInsert of the members in increasing index order; point ``i`` creates node
+    ``n + i``. Returns ``(pool, root)`` (``root = -1`` for an empty set).
+    """
+    n = ctx.points.shape[0]
+    count = jnp.sum(members).astype(jnp.int32)
+    order = jnp.nonzero(members, size=n, fill_value=0)[0].astype(jnp.int32)
+    parent = pool.parent.at[jnp.where(members, jnp.arange(n), 2 * n)].set(-1, mode="drop")
+    pool = pool._replace(parent=parent)
+
+    def insert(k, carry):
+        pool, root = carry
+        i = order[k]
+        top_lik, top_h = _union_h1(ctx, pool, root, i)
+        return seq_insert(ctx, pool, root, i, top_lik, top_h, n + i)
+
+    pool, root = lax.fori_loop(1, count, insert, (pool, order[0]))
+    return pool, jnp.where(count > 0, root, -1)
+
+
+def build_forest(ctx: TreeContext, labels, capacity: int):
+    """Canonical trees of every cluster of slot labels ``labels``: ``(pool, roots)``,
+    ``roots[k]`` the root of slot ``k`` (``-1``: empty). ``n`` insertions in all."""
+    pool = empty_pool(ctx)
+
+    def build(k, carry):
+        pool, roots = carry
+        pool, root = build_tree(ctx, pool, labels == k)
+        return pool, roots.at[k].set(root)
+
+    return lax.fori_loop(0, capacity, build, (pool, -jnp.ones(capacity, jnp.int32)))
+
+
+def root_of(pool: Pool):
+    """The root of every node reachable from a live leaf (pointer doubling)."""
+    num = pool.parent.shape[0]
+    anc = jnp.where(pool.parent < 0, jnp.arange(num), pool.parent)
+    for _ in range(max(1, (num - 1).bit_length())):
+        anc = anc[anc]
+    return anc
+
+
+def _preorder(pool: Pool, root):
+    """Nodes of the tree at ``root`` in pre-order (parents first): ``(order, count)``."""
+    num = pool.parent.shape[0]
+
+    def cond(c):
+        return c[3] > 0
+
+    def body(c):
+        order, count, stack, top = c
+        v = stack[top - 1]
+        order = order.at[count].set(v)
+        internal = pool.left[v] >= 0
+        stack = stack.at[top - 1].set(jnp.where(internal, pool.right[v], v))
+        stack = stack.at[top].set(pool.left[v])
+        top = jnp.where(internal, top + 1, top - 1)
+        return order, count + 1, stack, top
+
+    init = (jnp.zeros(num, jnp.int32), jnp.int32(0), jnp.zeros(num + 1, jnp.int32).at[0].set(root),
+            jnp.int32(1))
+    order, count, _, _ = lax.while_loop(cond, body, init)
+    return order, count
+
+
+def _sample_sub_log_probs(pool: Pool, order, count):
+    """SampleSub over the internal nodes of a tree (``ibhc.sample_sub(internal_only=True)``):
+    ``log`` probability per entry of ``order`` (``-inf`` for leaves and padding)."""
+    num = order.shape[0]
+    v = order
+    valid = (jnp.arange(num) < count) & (pool.left[v] >= 0)
+    log_d = pool.log_t[pool.left[v]] + pool.log_t[pool.right[v]] - pool.log_h[v]
+    log_d = jnp.where(valid, log_d, -jnp.inf)
+    log_eps = jnp.max(log_d)
+    log_w = jnp.where(valid, jnp.logaddexp(log_d, log_eps), -jnp.inf)
+    return log_w - jax.nn.logsumexp(log_w)
+
+
+# ----------------------------------------------------------------------------- cut + StocInsert
+def _cut_and_insert(ctx, pool, v, key, part_of_node, max_parts: int):
+    """Cut the tree at internal node ``v`` and StocInsert the cut-off subtrees, nearest first.
+
+    ``part_of_node``: ``None`` draws every choice (the proposal); otherwise an
+    ``(2n,)`` array giving each subtree's part, and the choices are forced (a
+    subtree joins the tree of its part or starts it). Node slots of the destroyed
+    nodes (``v`` and its ancestors) are reused for the insertions.
+    Returns ``(pool, S, num_parts, log_prob, overflow)``; ``S`` ``(max_parts,)`` roots.
+    """
+    n = ctx.points.shape[0]
+    dtype = pool.log_t.dtype
+
+    # walk up: Q (siblings, nearest first) and the destroyed nodes
+    def up_cond(c):
+        return pool.parent[c[0]] >= 0
+
+    def up_body(c):
+        child, Q, destroyed, nq = c
+        p = pool.parent[child]
+        sib = jnp.where(pool.left[p] == child, pool.right[p], pool.left[p])
+        return p, Q.at[nq].set(sib), destroyed.at[nq + 1].set(p), nq + 1
+
+    Q0 = jnp.zeros(n, jnp.int32)
+    _, Q, destroyed, nq = lax.while_loop(
+        up_cond, up_body, (v, Q0, jnp.zeros(n + 1, jnp.int32).at[0].set(v), jnp.int32(0))
+    )
+    l, r = pool.left[v], pool.right[v]
+    parent = pool.parent.at[l].set(-1).at[r].set(-1)
+    parent = parent.at[jnp.where(jnp.arange(n) < nq, Q, 2 * n)].set(-1, mode="drop")
+    pool = pool._replace(parent=parent)
+    S = jnp.zeros(max_parts, jnp.int32).at[0].set(l).at[1].set(r)
+    if part_of_node is None:
+        S_part = jnp.zeros(max_parts, jnp.int32)
+    else:
+        S_part = jnp.full(max_parts, -2, jnp.int32).at[0].set(part_of_node[l]).at[1].set(part_of_node[r])
+
+    # statistics, sizes and log_t of the trees of S, kept beside S (no gathers in the loop)
+    S_stats = jnp.zeros((max_parts,) + pool.stats.shape[1:], dtype).at[0].set(pool.stats[l]).at[1].set(
+        pool.stats[r])
+    S_size = jnp.zeros(max_parts, jnp.int32).at[0].set(pool.size[l]).at[1].set(pool.size[r])
+    S_t = jnp.zeros(max_parts, dtype).at[0].set(pool.log_t[l]).at[1].set(pool.log_t[r])
+
+    def insert(k, c):
+        pool, S, S_part, S_stats, S_size, S_t, num, log_p, overflow, key = c
+        q = Q[k]
+        in_s = jnp.arange(max_parts) < num
+        q_stats, q_size, q_t = pool.stats[q], pool.size[q], pool.log_t[q]
+        liks = ctx.lik(S_stats + q_stats)
+        hs = ctx.log_kappa[jnp.minimum(S_size + q_size, ctx.log_kappa.shape[0] - 1)] + liks
+        log_d = q_t + S_t - hs
+        log_w = jnp.concatenate([jnp.where(in_s, -log_d, -jnp.inf), jnp.zeros(1, dtype)])
+        log_w = log_w - jax.nn.logsumexp(log_w)
+        key, sub = jax.random.split(key)
+        if part_of_node is None:
+            choice = jax.random.categorical(sub, log_w)
+        else:
+            match = in_s & (S_part == part_of_node[q])
+            choice = jnp.where(jnp.any(match), jnp.argmax(match), max_parts)
+        log_p = log_p + log_w[choice]
+        new = choice == max_parts
+        overflow = overflow | (new & (num >= max_parts))
+        target = jnp.minimum(choice, max_parts - 1)
+
+        def join(pool):
+            return seq_insert(ctx, pool, S[target], q, liks[target], hs[target], destroyed[k])
+
+        def apart(pool):
+            return pool, q
+
+        pool, new_root = lax.cond(new, apart, join, pool)
+        slot = jnp.where(new, jnp.minimum(num, max_parts - 1), target)
+        keep = new & overflow
+        S = S.at[slot].set(jnp.where(keep, S[slot], new_root))
+        S_stats = S_stats.at[slot].set(jnp.where(keep, S_stats[slot], jnp.where(new, 0.0, S_stats[slot]) + q_stats))
+        S_size = S_size.at[slot].set(jnp.where(keep, S_size[slot], jnp.where(new, 0, S_size[slot]) + q_size))
+        S_t = S_t.at[slot].set(jnp.where(keep, S_t[slot], pool.log_t[new_root]))
+        if part_of_node is not None:
+            S_part = S_part.at[slot].set(jnp.where(new & ~overflow, part_of_node[q], S_part[slot]))
+        num = jnp.where(new & ~overflow, num + 1, num)
+        return pool, S, S_part, S_stats, S_size, S_t, num, log_p, overflow, key
+
+    init = (pool, S, S_part, S_stats, S_size, S_t, jnp.int32(2), jnp.zeros((), dtype), jnp.bool_(False), key)
+    pool, S, S_part, _, _, _, num, log_p, overflow, _ = lax.fori_loop(0, nq, insert, init)
+    return pool, S, num, log_p, overflow
+
+
+def _subtree_parts(pool, order, count, part_of_leaf):
+    """Part of every node of a tree: the part of its leaves if they share one, else ``-1``."""
+    num = pool.parent.shape[0]
+    n = part_of_leaf.shape[0]
+    lo = jnp.concatenate([part_of_leaf, jnp.zeros(num - n, jnp.int32)])
+    hi = lo
+
+    def body(i, c):
+        lo, hi = c
+        v = order[count - 1 - i]  # reverse pre-order: children before parents
+        internal = pool.left[v] >= 0
+        a, b = jnp.maximum(pool.left[v], 0), jnp.maximum(pool.right[v], 0)
+        lo = lo.at[v].set(jnp.where(internal, jnp.minimum(lo[a], lo[b]), lo[v]))
+        hi = hi.at[v].set(jnp.where(internal, jnp.maximum(hi[a], hi[b]), hi[v]))
+        return lo, hi
+
+    lo, hi = lax.fori_loop(0, count, body, (lo, hi))
+    return jnp.where(lo == hi, lo, -1)
+
+
+def split_log_prob(ctx: TreeContext, pool: Pool, root, part_of_leaf, max_parts: int,
+                   known_node=-1, known_log_prob=0.0):
+    """``log`` probability that SampleSub + cut + StocInsert on the tree at ``root`` gives
+    the partition ``part_of_leaf`` (``(n,)`` part per point; ``TreeGuidedHost.log_split_prob``).
+
+    Summed over every internal node whose cut, with forced insertions, yields
+    it; ``known_node``'s term is ``known_log_prob`` (the proposal's own path).
+    """
+    order, count = _preorder(pool, root)
+    log_p = _sample_sub_log_probs(pool, order, count)
+    part = _subtree_parts(pool, order, count, part_of_leaf)
+    num = order.shape[0]
+
+    # ok[v]: every subtree hanging off v's ancestors lies in one part (pre-order pass)
+    def ok_body(i, ok):
+        v = order[i]
+        internal = pool.left[v] >= 0
+        a, b = jnp.maximum(pool.left[v], 0), jnp.maximum(pool.right[v], 0)
+        ok_a = jnp.where(internal, ok[v] & (part[b] >= 0), ok[a])
+        ok_b = jnp.where(internal, ok[v] & (part[a] >= 0), ok[b])
+        return ok.at[a].set(ok_a).at[b].set(ok_b)
+
+    ok = lax.fori_loop(0, count, ok_body, jnp.zeros(num, bool).at[root].set(True))
+    v = order
+    pl, pr = part[jnp.maximum(pool.left[v], 0)], part[jnp.maximum(pool.right[v], 0)]
+    valid = ((jnp.arange(num) < count) & (pool.left[v] >= 0) & ok[v] & (pl >= 0) & (pr >= 0)
+             & (pl != pr) & jnp.isfinite(log_p))
+    idx = jnp.nonzero(valid, size=num, fill_value=0)[0]
+    num_valid = jnp.sum(valid)
+
+    def term(k, acc):
+        node = order[idx[k]]
+
+        def replay(_):
+            _, _, _, log_ins, _ = _cut_and_insert(ctx, pool, node, jax.random.key(0), part, max_parts)
+            return log_p[idx[k]] + log_ins
+
+        t = lax.cond(node == known_node, lambda _: jnp.asarray(known_log_prob, acc.dtype), replay, None)
+        return jnp.logaddexp(acc, t)
+
+    return lax.fori_loop(0, num_valid, term, jnp.asarray(-jnp.inf, pool.log_t.dtype))
+
+
+# ----------------------------------------------------------------------------- merges
+def _log_d_matrix(ctx, stats, size, log_t):
+    """``log d(i, j)`` between clusters given their statistics, sizes and root ``log_t``."""
+    lik = ctx.lik(stats[:, None, :] + stats[None, :, :])
+    h = ctx.log_kappa[jnp.minimum(size[:, None] + size[None, :], ctx.log_kappa.shape[0] - 1)] + lik
+    return log_t[:, None] + log_t[None, :] - h
+
+
+def merge_log_q(log_d, active, picked):
+    """``log q`` of merging the ``picked`` clusters (paper eq. 11): summed over which of
+    them was picked first, each other cluster in ``M`` with probability ``1/(1+d)``."""
+    k = jnp.sum(active)
+    other = active[None, :] & ~jnp.eye(active.shape[0], dtype=bool)
+    into = jnp.where(picked[None, :], -jnp.logaddexp(0.0, log_d), -jnp.logaddexp(0.0, -log_d))
+    terms = -jnp.log(k.astype(log_d.dtype)) + jnp.sum(jnp.where(other, into, 0.0), axis=1)
+    return jax.nn.logsumexp(jnp.where(picked, terms, -jnp.inf))
+
+
+def _log_select_alone(log_d_row, active, c):
+    """``log`` of picking cluster ``c`` and leaving every other cluster out of ``M``."""
+    k = jnp.sum(active)
+    keep = -jnp.logaddexp(0.0, -log_d_row)
+    mask = active & (jnp.arange(active.shape[0]) != c)
+    return -jnp.log(k.astype(log_d_row.dtype)) + jnp.sum(jnp.where(mask, keep, 0.0))
+
+
+# ----------------------------------------------------------------------------- the global moves
+def _clusters(pool, roots):
+    ok = roots >= 0
+    r = jnp.maximum(roots, 0)
+    stats = jnp.where(ok[:, None], pool.stats[r], 0.0)
+    size = jnp.where(ok, pool.size[r], 0)
+    return ok, stats, size, pool.log_t[r], pool.log_h[r]
+
+
+def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
+    n = ctx.points.shape[0]
+    capacity = roots.shape[0]
+    dtype = pool.log_t.dtype
+    k_pick, k_m, k_sub, k_ins, k_u = jax.random.split(key, 5)
+    active, stats, size, log_t, log_h = _clusters(pool, roots)
+    c = jax.random.categorical(k_pick, jnp.where(active, 0.0, -jnp.inf))
+    lik_c = ctx.lik(stats + stats[c])
+    h_c = ctx.log_kappa[jnp.minimum(size + size[c], n + 1)] + lik_c
+    log_d_c = log_t[c] + log_t - h_c
+    others = active & (jnp.arange(capacity) != c)
+    into_m = others & (jnp.log(jax.random.uniform(k_m, (capacity,))) < -jnp.logaddexp(0.0, log_d_c))
+    is_merge = jnp.any(into_m)
+    is_split = ~is_merge & (size[c] > 1)
+    log_u = jnp.log(jax.random.uniform(k_u, dtype=dtype))
+    tiny = jnp.finfo(dtype).tiny
+    log_u = jnp.maximum(log_u, jnp.log(tiny))
+
+    def merge(_):
+        picked = into_m.at[c].set(True)
+        u_stats = jnp.sum(jnp.where(picked[:, None], stats, 0.0), axis=0)
+        u_size = jnp.sum(jnp.where(picked, size, 0))
+        u_h = ctx.log_kappa[u_size] + ctx.lik(u_stats[None])[0]
+        delta = u_h - jnp.sum(jnp.where(picked, log_h, 0.0))
+        log_d = _log_d_matrix(ctx, stats, size, log_t)
+        log_q_fwd = merge_log_q(log_d, active, picked)
+        bound = delta - log_q_fwd
+        too_many = jnp.sum(picked) > max_parts
+
+        def full(_):
+            members = picked[labels]
+            pool2, u_root = build_tree(ctx, pool, members)
+            roots2 = jnp.where(picked, -1, roots).at[c].set(u_root)
+            act2, st2, sz2, lt2, _ = _clusters(pool2, roots2)
+            lik_u = ctx.lik(st2 + st2[c])
+            h_u = ctx.log_kappa[jnp.minimum(sz2 + sz2[c], n + 1)] + lik_u
+            log_d_u = lt2[c] + lt2 - h_u
+            select = _log_select_alone(log_d_u, act2, c)
+            part_of_leaf = jnp.where(members, labels, 0).astype(jnp.int32)
+            log_split = split_log_prob(ctx, pool2, u_root, part_of_leaf, max_parts)
+            log_q_rev = jnp.where(too_many, -jnp.inf, select + log_split)
+            log_r = delta + log_q_rev - log_q_fwd
+            accept = log_u < log_r
+            new_labels = jnp.where(members, c, labels).astype(jnp.int32)
+            return accept, log_r, pool2, roots2, new_labels
+
+        def early(_):
+            return jnp.bool_(False), bound, pool, roots, labels
+
+        if early_rejection:
+            return lax.cond(log_u < bound, full, early, None)
+        return full(None)
+
+    def split(_):
+        root = roots[c]
+        order, count = _preorder(pool, root)
+        log_p = _sample_sub_log_probs(pool, order, count)
+        j = jax.random.categorical(k_sub, log_p)
+        v = order[j]
+        pool1, S, num, log_ins, overflow = _cut_and_insert(ctx, pool, v, k_ins, None, max_parts)
+        log_path = log_p[j] + log_ins
+        select = _log_select_alone(log_d_c, active, c)
+        delta = jnp.sum(jnp.where(jnp.arange(max_parts) < num, pool1.log_h[S], 0.0)) - log_h[c]
+        bound = delta - (select + log_path)
+        # the part of every point of c: which new root it hangs under
+        anc = root_of(pool1)[:n]
+        in_c = labels == c
+        match = anc[:, None] == jnp.where(jnp.arange(max_parts) < num, S, -5)[None, :]
+        part_of_leaf = jnp.where(in_c, jnp.argmax(match, axis=1), 0).astype(jnp.int32)
+        free = ~active
+        num_free = jnp.sum(free)
+        no_room = num - 1 > num_free
+
+        def full(_):
+            log_split = split_log_prob(ctx, pool, root, jnp.where(in_c, part_of_leaf, 0), max_parts,
+                                       v, log_path)
+            log_q_fwd = select + log_split
+            # new slots: part 0 keeps c's slot, parts 1.. take the first free slots
+            free_slots = jnp.nonzero(free, size=capacity, fill_value=0)[0].astype(jnp.int32)
+            slot_of_part = jnp.where(jnp.arange(max_parts) == 0, c,
+                                     free_slots[jnp.clip(jnp.arange(max_parts) - 1, 0, capacity - 1)])
+            new_labels = jnp.where(in_c, slot_of_part[part_of_leaf], labels).astype(jnp.int32)
+
+            def build_part(k, c2):
+                pool2, roots2 = c2
+                members = in_c & (part_of_leaf == k)
+                pool2, r = build_tree(ctx, pool2, members)
+                return pool2, roots2.at[slot_of_part[k]].set(r)
+
+            pool2, roots2 = lax.fori_loop(0, num, build_part, (pool, roots))
+            act2, st2, sz2, lt2, _ = _clusters(pool2, roots2)
+            log_d = _log_d_matrix(ctx, st2, sz2, lt2)
+            used = jnp.arange(max_parts) < num
+            picked = jnp.zeros(capacity, bool).at[jnp.where(used, slot_of_part, capacity)].set(
+                True, mode="drop")
+            log_q_rev = merge_log_q(log_d, act2, picked)
+            log_r = delta + log_q_rev - log_q_fwd
+            accept = (log_u < log_r) & ~no_room
+            return accept, log_r, pool2, roots2, new_labels
+
+        def early(_):
+            return jnp.bool_(False), bound, pool, roots, labels
+
+        if early_rejection:
+            out = lax.cond((log_u < bound) & ~overflow, full, early, None)
+        else:
+            out = lax.cond(~overflow, full, early, None)
+        accept, log_r, pool2, roots2, new_labels = out
+        return accept, jnp.where(overflow, -jnp.inf, log_r), pool2, roots2, new_labels, (no_room & accept)
+
+    def none(_):
+        return jnp.bool_(False), jnp.asarray(jnp.nan, dtype), pool, roots, labels
+
+    kind = jnp.where(is_merge, 2, jnp.where(is_split, 1, 0))
+    branches = [
+        lambda _: none(None) + (jnp.bool_(False),),
+        lambda _: split(None),
+        lambda _: merge(None) + (jnp.bool_(False),),
+    ]
+    accept, log_r, pool2, roots2, new_labels, no_room = lax.switch(kind, branches, None)
+    return accept, log_r, kind, pool2, roots2, new_labels, no_room
+
+
+@functools.partial(jax.jit, static_argnames=("capacity", "num_moves", "max_parts", "early_rejection"))
+def global_moves(key, labels, X, measure, family, u, *, capacity: int, num_moves: int,
+                 max_parts: int = 16, early_rejection: bool = True):
+    """``num_moves`` global moves from slot labels ``labels`` (``TreeGuidedHost.run``, in JAX).
+
+    Returns ``(labels, num_accepted, num_proposed, mean_log_accept, no_room)``:
+    ``mean_log_accept`` averages ``min(0, log r)`` (an upper bound where a move
+    was rejected early), ``no_room`` says that an accepted split found no free
+    slot (the kernel raises ``CapacityError``).
+    """
+    ctx = make_context(X, measure, family, u)
+    pool, roots = build_forest(ctx, labels, capacity)
+    dtype = pool.log_t.dtype
+
+    def body(i, c):
+        labels, pool, roots, acc, prop, s, m, no_room, key = c
+        key, sub = jax.random.split(key)
+        accept, log_r, kind, pool2, roots2, labels2, full = _one_move(
+            ctx, sub, labels, pool, roots, max_parts, early_rejection)
+        take = accept & ~full
+        labels = jnp.where(take, labels2, labels)
+        pool = jax.tree.map(lambda a, b: jnp.where(take, a, b), pool2, pool)
+        roots = jnp.where(take, roots2, roots)
+        proposed = kind > 0
+        finite = proposed & jnp.isfinite(log_r)
+        s = s + jnp.where(finite, jnp.minimum(0.0, jnp.where(finite, log_r, 0.0)), 0.0)
+        return (labels, pool, roots, acc + take.astype(jnp.int32), prop + proposed.astype(jnp.int32),
+                s, m + finite.astype(jnp.int32), no_room | full, key)
+
+    init = (labels.astype(jnp.int32), pool, roots, jnp.int32(0), jnp.int32(0), jnp.zeros((), dtype),
+            jnp.int32(0), jnp.bool_(False), key)
+    labels, pool, roots, acc, prop, s, m, no_room, _ = lax.fori_loop(0, num_moves, body, init)
+    mean = jnp.where(m > 0, s / jnp.maximum(m, 1), 0.0)
+    return labels, acc, prop, mean, no_room
+
+
+# ----------------------------------------------------------------------------- for the tests
+@functools.partial(jax.jit, static_argnames=("capacity", "max_parts"))
+def _split_q(X, measure, family, u, labels, c, part, *, capacity, max_parts):
+    n = X.shape[0]
+    ctx = make_context(X, measure, family, u)
+    pool, roots = build_forest(ctx, labels, capacity)
+    active, stats, size, log_t, _ = _clusters(pool, roots)
+    row = log_t[c] + log_t - (ctx.log_kappa[jnp.minimum(size + size[c], n + 1)]
+                              + ctx.lik(stats + stats[c]))
+    return _log_select_alone(row, active, c) + split_log_prob(ctx, pool, roots[c], part, max_parts)
+
+
+@functools.partial(jax.jit, static_argnames=("capacity",))
+def _merge_q(X, measure, family, u, labels, picked, *, capacity):
+    ctx = make_context(X, measure, family, u)
+    pool, roots = build_forest(ctx, labels, capacity)
+    active, stats, size, log_t, _ = _clusters(pool, roots)
+    return merge_log_q(_log_d_matrix(ctx, stats, size, log_t), active, picked)
+
+
+def proposal_log_prob(X, measure, family, u, labels, to_labels, max_parts: int = 16) -> float:
+    """``log q(Π* | Π)`` of one global move between two partitions (labels ``0..K-1``),
+    ``-inf`` when ``Π*`` is not one split or merge away (for the tests)."""
+    labels = np.asarray(labels)
+    to_labels = np.asarray(to_labels)
+    n = labels.shape[0]
+    capacity = n
+    X = jnp.asarray(X)
+    old = {tuple(np.nonzero(labels == k)[0]) for k in np.unique(labels)}
+    new = {tuple(np.nonzero(to_labels == k)[0]) for k in np.unique(to_labels)}
+    removed, added = old - new, new - old
+    lab = jnp.asarray(labels, jnp.int32)
+    if len(removed) == 1 and len(added) >= 2:
+        (c_pts,) = removed
+        if len(added) > max_parts:
+            return -math.inf
+        part = np.zeros(n, np.int32)
+        for k, pts in enumerate(sorted(added)):
+            part[list(pts)] = k
+        return float(_split_q(X, measure, family, u, lab, int(labels[c_pts[0]]), jnp.asarray(part),
+                              capacity=capacity, max_parts=max_parts))
+    if len(added) == 1 and len(removed) >= 2:
+        picked = np.zeros(capacity, bool)
+        for pts in removed:
+            picked[labels[pts[0]]] = True
+        return float(_merge_q(X, measure, family, u, lab, jnp.asarray(picked), capacity=capacity))
+    return -math.inf
