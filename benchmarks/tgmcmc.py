@@ -232,7 +232,7 @@ def make_kernel(sampler: str, model, capacity: int, args, mode: str = "fixed"):
     tg = getattr(bnp, "TreeGuidedMCMC", None)
     if tg is None:
         raise RuntimeError("jaxbnp has no TreeGuidedMCMC (jaxbnp/inference/tgmcmc.py not importable)")
-    return tg(model, num_global_moves=args.global_moves, depth=args.depth, init="noisy",
+    return tg(model, num_global_moves=args.global_moves, depth=args.depth, init="noisy", trees=args.tg_trees,
               capacity=capacity, update_hyperparameters=update)
 
 
@@ -679,6 +679,8 @@ def main(argv=None):
     ap.add_argument("--sm-moves", type=int, default=20, help="split-merge moves per SM iteration")
     ap.add_argument("--sm-restricted-scans", type=int, default=5)
     ap.add_argument("--global-moves", type=int, default=20, help="tgMCMC's G")
+    ap.add_argument("--tg-trees", choices=("device", "host"), default="device",
+                    help="tgMCMC's trees: compiled arrays (default) or host NumPy trees via io_callback")
     ap.add_argument("--depth", type=int, default=2, help="tgMCMC's D")
     ap.add_argument("--nggp-alpha", type=float, default=1.0)
     ap.add_argument("--nggp-sigma", type=float, default=0.5)
@@ -712,7 +714,7 @@ def main(argv=None):
             "gibbs": "CollapsedGibbs, 1 sweep per iteration",
             "sm": f"SplitMerge(num_split_merge={args.sm_moves}, num_restricted_scans="
                   f"{args.sm_restricted_scans}, gibbs_sweeps=1)",
-            "tgmcmc": f"TreeGuidedMCMC(num_global_moves={args.global_moves}, depth={args.depth}, init='noisy')",
+            "tgmcmc": f"TreeGuidedMCMC(num_global_moves={args.global_moves}, depth={args.depth}, init='noisy', trees='{args.tg_trees}')",
             "init": "the paper's noisy partition (TreeGuidedHost.noisy_labels), same for the three samplers",
             "seed": args.seed,
             "warmup_steps": args.warmup_steps,

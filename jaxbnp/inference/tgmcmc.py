@@ -5,7 +5,9 @@ merge proposals, supplement B.1-B.5, accepted by Metropolis-Hastings), then
 local moves (collapsed Gibbs updates of a random subset of points), then, for
 NGGP, a slice update of ``u`` (and optionally ``alpha``/``sigma``).
 
-The global moves run on the host: the IBHC trees live in NumPy
+By default (``trees="device"``) the global moves run compiled in JAX on array
+trees (:mod:`jaxbnp.inference.tgmcmc_device`: the same moves and probabilities,
+no callback). With ``trees="host"`` they run on the host: the IBHC trees live in NumPy
 (:mod:`jaxbnp.inference.ibhc`), one store per chain keyed by a chain id, and
 one ``jax.experimental.io_callback`` per iteration runs all
 ``num_global_moves`` moves of that chain. Their likelihood terms are
@@ -621,6 +623,15 @@ class TreeGuidedMCMC(MoveStatsKernel):
         the same chain, faster; ``mean_log_accept`` then uses that bound for
         such moves (an upper bound of the statistic). ``False`` computes every
         ``log r`` in full.
+    :param trees: ``"device"`` (default): the global moves run compiled in JAX on
+        array trees (:mod:`jaxbnp.inference.tgmcmc_device`), vmapped over chains,
+        with no host callback; ``"host"``: the trees live on the host as NumPy
+        ``Node`` objects, one store per chain, edited through one ``io_callback``
+        per iteration (:class:`TreeGuidedHost`). The same exact chain either way
+        (equal ``log q`` on every move, tested); the random draws differ.
+    :param max_parts: (``trees="device"``) a split proposal that would make more
+        clusters than this proposes nothing, and a merge of more clusters than
+        this is rejected (the same restriction both ways: still exact).
     :param capacity, update_hyperparameters, chain_batching: as for
         :class:`CollapsedGibbs`. More clusters than ``capacity`` raise
         ``CapacityError``.
