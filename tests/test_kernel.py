@@ -257,3 +257,17 @@ def test_conjugate_mixture_sample_shape():
         jax.random.key(1), (2,)
     )
     assert X.shape == (2, 5, 2)
+
+
+def test_nggp_u_starts_at_its_conditional_mode_unless_given():
+    """Without ``init_params['u']`` the kernel starts ``u`` at the mode of ``p(u | Π0)``;
+    a given ``u`` is kept."""
+    X = np.random.default_rng(0).normal(size=(40, 1))
+    kernel = bnp.CollapsedGibbs(nggp_model)
+    labels = jnp.asarray(np.arange(40) % 3, jnp.int32)
+    state = kernel.init(jax.random.key(0), 0, {"z": labels}, (jnp.asarray(X),), {})
+    counts = jnp.bincount(labels, length=40)
+    expected = float(bnp.NGGP(1.0, 0.3).u_mode(counts))
+    assert float(state.z["u"]) == pytest.approx(expected, rel=1e-6)
+    state = kernel.init(jax.random.key(0), 0, {"z": labels, "u": jnp.asarray(2.5)}, (jnp.asarray(X),), {})
+    assert float(state.z["u"]) == pytest.approx(2.5)

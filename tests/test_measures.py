@@ -239,6 +239,17 @@ def test_nggp_u_conditional_matches_joint_up_to_constant():
     np.testing.assert_allclose(diff, diff[0], atol=1e-10)
 
 
+@pytest.mark.parametrize("counts", [[4, 0, 2, 1], [118] * 11, [1300]])
+def test_nggp_u_mode_is_the_maximiser_of_the_u_conditional(counts):
+    measure = bnp.NGGP(1.0, 0.5, tau=1.0)
+    counts = jnp.asarray(counts)
+    t_star = float(np.log(measure.u_mode(counts)))
+    ts = np.linspace(t_star - 3.0, t_star + 3.0, 6001)
+    vals = np.array(jax.vmap(lambda t: measure.log_u_conditional(t, counts))(jnp.asarray(ts)))
+    assert abs(ts[np.argmax(vals)] - t_star) < 2e-3
+    assert float(measure.log_u_conditional(jnp.asarray(t_star), counts)) >= vals.max() - 1e-9
+
+
 @pytest.mark.parametrize("measure", [bnp.DP(1.7), bnp.NGGP(2.0, 0.3, 1.5)], ids=["DP", "NGGP"])
 def test_host_log_kappa_equals_log_kappa(measure):
     """``host_log_kappa`` (NumPy, for the host tree code) is ``log_kappa`` without JAX."""

@@ -366,6 +366,9 @@ class CollapsedGibbs(DiscreteSiteKernel):
         if capacity < n:
             raise_if_overflow(clusters)
         z[spec.partition_site] = labels
+        if spec.u_site is not None and spec.u_site not in params and measure.has_auxiliary:
+            # u at its conditional mode given the initial partition (NGGP.u_mode)
+            z[spec.u_site] = measure.u_mode(clusters.counts).astype(z[spec.u_site].dtype)
         u = z.get(spec.u_site, jnp.ones(()))
         lj = cluster_log_joint(clusters, measure, family, u)
         return CollapsedGibbsState(z, clusters, lj, clusters.num_clusters, key)

@@ -279,6 +279,26 @@ class NGGP(Measure):
         log_ut = self._log_u_plus_tau(log_u)
         return n * log_u - self._psi_from_log(log_ut) - (n - k * self.sigma) * log_ut
 
+    def u_mode(self, counts):
+        """The mode of ``p(u | Π)`` over ``t = log u`` (log-concave; Newton from the best
+        point of a coarse scan), returned as ``u``. The samplers start ``u`` here when
+        ``init_params`` gives none: from an arbitrary ``u`` the first slice updates can
+        jump far into the tail (the slice at an improbable ``u`` is wide), and a partition
+        step at such a ``u`` opens many clusters."""
+        counts = _float_counts(counts)
+        dtype = counts.dtype
+
+        def g(t):
+            return self.log_u_conditional(t, counts)
+
+        dg, d2g = jax.grad(g), jax.grad(jax.grad(g))
+        coarse = jnp.linspace(-40.0, 40.0 / self.sigma + 40.0, 1025, dtype=dtype)
+        t0 = coarse[jnp.argmax(jax.vmap(g)(coarse))]
+        t_star = lax.fori_loop(
+            0, 60, lambda _, t: t - jnp.clip(dg(t) / jnp.minimum(d2g(t), -1e-8), -2.0, 2.0), t0
+        )
+        return jnp.exp(t_star)
+
     # -- u integrated out ---------------------------------------------------------------
     def _log_v_integrand(self, t, n, k):
         # log of the integrand of V(n, K) in t = log u, without K log(ασ) − lgamma(n)
