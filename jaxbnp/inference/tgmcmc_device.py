@@ -446,21 +446,24 @@ def split_log_prob(ctx: TreeContext, pool: Pool, root, part_of_leaf, max_parts: 
 
 
 # ----------------------------------------------------------------------------- merges
-def _log_d_matrix(ctx, stats, size, log_t):
-    """``log d(i, j)`` between clusters given their statistics, sizes and root ``log_t``."""
-    lik = ctx.lik(stats[:, None, :] + stats[None, :, :])
-    h = ctx.log_kappa[jnp.minimum(size[:, None] + size[None, :], ctx.log_kappa.shape[0] - 1)] + lik
-    return log_t[:, None] + log_t[None, :] - h
-
-
-def merge_log_q(log_d, active, picked):
+def merge_log_q(ctx, stats, size, log_t, active, picked, max_rows: int):
     """``log q`` of merging the ``picked`` clusters (paper eq. 11): summed over which of
-    them was picked first, each other cluster in ``M`` with probability ``1/(1+d)``."""
+    them was picked first, each other cluster in ``M`` with probability ``1/(1+d)``.
+
+    Clusters are given by their statistics, sizes and root ``log_t`` per slot; only
+    the dissimilarities of the (at most ``max_rows``) picked rows are evaluated.
+    """
+    capacity = active.shape[0]
+    rows = jnp.nonzero(picked, size=max_rows, fill_value=0)[0]
+    row_ok = jnp.arange(max_rows) < jnp.sum(picked)
+    lik = ctx.lik(stats[rows][:, None, :] + stats[None, :, :])
+    h = ctx.log_kappa[jnp.minimum(size[rows][:, None] + size[None, :], ctx.log_kappa.shape[0] - 1)] + lik
+    log_d = log_t[rows][:, None] + log_t[None, :] - h
     k = jnp.sum(active)
-    other = active[None, :] & ~jnp.eye(active.shape[0], dtype=bool)
+    other = active[None, :] & (jnp.arange(capacity)[None, :] != rows[:, None])
     into = jnp.where(picked[None, :], -jnp.logaddexp(0.0, log_d), -jnp.logaddexp(0.0, -log_d))
     terms = -jnp.log(k.astype(log_d.dtype)) + jnp.sum(jnp.where(other, into, 0.0), axis=1)
-    return jax.nn.logsumexp(jnp.where(picked, terms, -jnp.inf))
+    return jax.nn.logsumexp(jnp.where(row_ok, terms, -jnp.inf))
 
 
 def _log_select_alone(log_d_row, active, c):
@@ -504,10 +507,9 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
         u_size = jnp.sum(jnp.where(picked, size, 0))
         u_h = ctx.log_kappa[u_size] + ctx.lik(u_stats[None])[0]
         delta = u_h - jnp.sum(jnp.where(picked, log_h, 0.0))
-        log_d = _log_d_matrix(ctx, stats, size, log_t)
-        log_q_fwd = merge_log_q(log_d, active, picked)
-        bound = delta - log_q_fwd
-        too_many = jnp.sum(picked) > max_parts
+        too_many = jnp.sum(picked) > max_parts  # its reverse split is not proposed: r = 0
+        log_q_fwd = merge_log_q(ctx, stats, size, log_t, active, picked, max_parts)
+        bound = jnp.where(too_many, -jnp.inf, delta - log_q_fwd)
 
         def full(_):
             members = picked[labels]
@@ -529,9 +531,8 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
         def early(_):
             return jnp.bool_(False), bound, pool, roots, labels
 
-        if early_rejection:
-            return lax.cond(log_u < bound, full, early, None)
-        return full(None)
+        go = (log_u < bound) if early_rejection else ~too_many
+        return lax.cond(go, full, early, None)
 
     def split(_):
         root = roots[c]
@@ -571,11 +572,10 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
 
             pool2, roots2 = lax.fori_loop(0, num, build_part, (pool, roots))
             act2, st2, sz2, lt2, _ = _clusters(pool2, roots2)
-            log_d = _log_d_matrix(ctx, st2, sz2, lt2)
             used = jnp.arange(max_parts) < num
             picked = jnp.zeros(capacity, bool).at[jnp.where(used, slot_of_part, capacity)].set(
                 True, mode="drop")
-            log_q_rev = merge_log_q(log_d, act2, picked)
+            log_q_rev = merge_log_q(ctx, st2, sz2, lt2, act2, picked, max_parts)
             log_r = delta + log_q_rev - log_q_fwd
             accept = (log_u < log_r) & ~no_room
             return accept, log_r, pool2, roots2, new_labels
@@ -656,7 +656,7 @@ def _merge_q(X, measure, family, u, labels, picked, *, capacity):
     ctx = make_context(X, measure, family, u)
     pool, roots = build_forest(ctx, labels, capacity)
     active, stats, size, log_t, _ = _clusters(pool, roots)
-    return merge_log_q(_log_d_matrix(ctx, stats, size, log_t), active, picked)
+    return merge_log_q(ctx, stats, size, log_t, active, picked, capacity)
 
 
 def proposal_log_prob(X, measure, family, u, labels, to_labels, max_parts: int = 16) -> float:
