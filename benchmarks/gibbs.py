@@ -192,7 +192,7 @@ class NumpyNormalWishart:
         self.r = float(r)
         self.nu = float(nu)
         self.psi = np.asarray(psi, dtype=np.float64)
-        self.D = D = self.m0.shape[0]
+        self.D = self.m0.shape[0]
         self.r_m0 = self.r * self.m0
         self.psi_r_m0m0 = self.psi + self.r * np.outer(self.m0, self.m0)
         self._const = {}  # n -> lgamma((dof+D)/2) - lgamma(dof/2) - D/2 log(dof pi)
@@ -365,7 +365,6 @@ def validate_numpy_predictive(family, X: np.ndarray) -> dict:
     lib = np.stack([np.asarray(family.log_predictive(jnp.asarray(x, jnp.float32), stats)) for x in Xt])
     lib_prior = np.array([float(family.prior_log_predictive(jnp.asarray(x, jnp.float32))) for x in Xt])
     model = NumpyNormalWishart.from_family(family)
-    D = Xt.shape[1]
     ours = np.zeros((Xt.shape[0], capacity))
     for c in range(capacity):
         members = Xt[labels == c]

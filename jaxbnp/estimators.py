@@ -338,7 +338,8 @@ METHOD_OPTIONS = {
     "gibbs": ("init_strategy", "chain_batching"),
     "splitmerge": ("num_split_merge", "num_restricted_scans", "gibbs_sweeps", "init_strategy",
                    "chain_batching"),
-    "tgmcmc": ("num_global_moves", "depth", "init", "local_moves", "chain_batching"),
+    "tgmcmc": ("num_global_moves", "depth", "init", "local_moves", "chain_batching", "trees",
+               "max_parts"),
     "mapdp": ("n_restarts", "mode", "tol", "max_iter", "block_size", "split_moves"),
 }
 

@@ -577,7 +577,7 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
                 True, mode="drop")
             log_q_rev = merge_log_q(ctx, st2, sz2, lt2, act2, picked, max_parts)
             log_r = delta + log_q_rev - log_q_fwd
-            accept = (log_u < log_r) & ~no_room
+            accept = log_u < log_r  # masked by no_room below
             return accept, log_r, pool2, roots2, new_labels
 
         def early(_):
@@ -588,7 +588,9 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
         else:
             out = lax.cond(~overflow, full, early, None)
         accept, log_r, pool2, roots2, new_labels = out
-        return accept, jnp.where(overflow, -jnp.inf, log_r), pool2, roots2, new_labels, (no_room & accept)
+        # an accepted split with no free slot: the state stays and the kernel raises CapacityError
+        return (accept & ~no_room, jnp.where(overflow, -jnp.inf, log_r), pool2, roots2, new_labels,
+                no_room & accept)
 
     def none(_):
         return jnp.bool_(False), jnp.asarray(jnp.nan, dtype), pool, roots, labels

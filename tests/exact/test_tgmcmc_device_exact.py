@@ -83,3 +83,13 @@ def test_trees_argument_is_checked():
         bnp.TreeGuidedMCMC(model, trees="gpu")
     with pytest.raises(ValueError, match="max_parts"):
         bnp.TreeGuidedMCMC(model, max_parts=1)
+
+
+def test_device_split_without_a_free_slot_raises_instead_of_dropping():
+    """Three far-apart groups, two slots: a global split that needs a third slot raises."""
+    X = np.concatenate([_gaussian_data(4) - 30.0, _gaussian_data(4), _gaussian_data(4) + 30.0])
+    kernel = bnp.TreeGuidedMCMC(_model(bnp.DP(1.0), NG), num_global_moves=10, local_moves=False,
+                                init="one", capacity=2)
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=5, progress_bar=False)
+    with pytest.raises(Exception, match="cluster slots are in use.*larger capacity"):
+        mcmc.run(jax.random.key(0), X)
