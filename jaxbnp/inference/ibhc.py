@@ -806,102 +806,22 @@ def _sequential_tree_arrays(unpack, family, log_kappa_table, points, count):
     """SeqInsert of ``points[0], points[1], ...`` (the first ``count`` rows) into one tree, in JAX.
 
     ``points`` ``(cap, P)`` are packed per-point statistics. Node ``k < cap`` is
-    the leaf of row ``k``; inserting row ``k >= 1`` creates node ``cap + k - 1``.
-    The same comparisons and ties as ``seq_insert`` (case 1, then left).
+    the leaf of row ``k``; inserting row ``k >= 1`` creates node ``cap + k``. It is
+    the array SeqInsert of tgMCMC's device trees (``tgmcmc_device.build_tree``):
+    the same comparisons and ties as ``seq_insert`` (case 1, then left).
     Returns ``(left, right, root, log_lik, log_h, log_t)``.
     """
     import jax.numpy as jnp
-    from jax import lax
 
-    cap, _ = points.shape
-    num_nodes = 2 * cap - 1
-    dtype = points.dtype
-    leaf_lik = family.log_marginal(unpack(points)).astype(dtype)
-    table = log_kappa_table.astype(dtype)
-    pad = jnp.zeros((num_nodes - cap,), dtype)
-    stats = jnp.concatenate([points, jnp.zeros((num_nodes - cap, points.shape[1]), dtype)])
-    size = jnp.concatenate([jnp.ones(cap, jnp.int32), jnp.zeros(num_nodes - cap, jnp.int32)])
-    log_lik = jnp.concatenate([leaf_lik, pad])
-    log_h = jnp.concatenate([table[1] + leaf_lik, pad])
-    log_t = log_h
-    minus = -jnp.ones(num_nodes, jnp.int32)
-    left, right, parent = minus, minus, minus
+    from .tgmcmc_device import TreeContext, build_tree, empty_pool
 
-    def lik_of(st):
-        return family.log_marginal(unpack(st)).astype(dtype)
+    def lik(rows):
+        return family.log_marginal(unpack(rows)).astype(points.dtype)
 
-    def insert(k, carry):
-        left, right, parent, stats, size, log_lik, log_h, log_t, root = carry
-        s_stats, s_t = stats[k], log_t[k]
-        top_lik = lik_of((stats[root] + s_stats)[None])[0]
-        top_h = table[size[root] + 1] + top_lik
-        path = jnp.zeros(cap, jnp.int32)
-        path_lik = jnp.zeros(cap, dtype)
-        path_h = jnp.zeros(cap, dtype)
-
-        def cond(c):
-            node, done = c[0], c[-1]
-            return (~done) & (left[node] >= 0)
-
-        def body(c):
-            node, cur_lik, cur_h, depth, path, path_lik, path_h, _ = c
-            l, r = left[node], right[node]
-            liks = lik_of(jnp.stack([stats[l] + s_stats, stats[r] + s_stats]))
-            h_l = table[size[l] + 1] + liks[0]
-            h_r = table[size[r] + 1] + liks[1]
-            d_lr = log_t[l] + log_t[r] - log_h[node]
-            d_ls = log_t[l] + s_t - h_l
-            d_rs = log_t[r] + s_t - h_r
-            stop = d_lr <= jnp.minimum(d_ls, d_rs)  # case 1: s goes on top of node
-            go_left = d_ls <= d_rs
-            path = jnp.where(stop, path, path.at[depth].set(node))
-            path_lik = jnp.where(stop, path_lik, path_lik.at[depth].set(cur_lik))
-            path_h = jnp.where(stop, path_h, path_h.at[depth].set(cur_h))
-            return (
-                jnp.where(stop, node, jnp.where(go_left, l, r)),
-                jnp.where(stop, cur_lik, jnp.where(go_left, liks[0], liks[1])),
-                jnp.where(stop, cur_h, jnp.where(go_left, h_l, h_r)),
-                jnp.where(stop, depth, depth + 1),
-                path, path_lik, path_h,
-                stop,
-            )
-
-        init = (root, top_lik, top_h, jnp.int32(0), path, path_lik, path_h, jnp.bool_(False))
-        node, cur_lik, cur_h, depth, path, path_lik, path_h, _ = lax.while_loop(cond, body, init)
-        j = cap + k - 1
-        p = parent[node]
-        left = left.at[j].set(node)
-        right = right.at[j].set(k)
-        parent = parent.at[j].set(p).at[node].set(j).at[k].set(j)
-        left = jnp.where((p >= 0) & (left[jnp.maximum(p, 0)] == node), left.at[jnp.maximum(p, 0)].set(j), left)
-        right = jnp.where((p >= 0) & (right[jnp.maximum(p, 0)] == node), right.at[jnp.maximum(p, 0)].set(j), right)
-        stats = stats.at[j].set(stats[node] + s_stats)
-        size = size.at[j].set(size[node] + 1)
-        log_lik = log_lik.at[j].set(cur_lik)
-        log_h = log_h.at[j].set(cur_h)
-        log_t = log_t.at[j].set(jnp.logaddexp(cur_h, log_t[node] + s_t))
-        root = jnp.where(p < 0, j, root)
-
-        def update(i, c):
-            stats, size, log_lik, log_h, log_t = c
-            v = path[depth - 1 - i]
-            stats = stats.at[v].add(s_stats)
-            size = size.at[v].add(1)
-            log_lik = log_lik.at[v].set(path_lik[depth - 1 - i])
-            log_h = log_h.at[v].set(path_h[depth - 1 - i])
-            log_t = log_t.at[v].set(jnp.logaddexp(log_h[v], log_t[left[v]] + log_t[right[v]]))
-            return stats, size, log_lik, log_h, log_t
-
-        stats, size, log_lik, log_h, log_t = lax.fori_loop(
-            0, depth, update, (stats, size, log_lik, log_h, log_t)
-        )
-        return left, right, parent, stats, size, log_lik, log_h, log_t, root
-
-    carry = (left, right, parent, stats, size, log_lik, log_h, log_t, jnp.int32(0))
-    left, right, parent, stats, size, log_lik, log_h, log_t, root = lax.fori_loop(
-        1, count, insert, carry
-    )
-    return left, right, root, log_lik, log_h, log_t
+    ctx = TreeContext(points, log_kappa_table.astype(points.dtype), lik)
+    members = jnp.arange(points.shape[0]) < count
+    pool, root = build_tree(ctx, empty_pool(ctx), members)
+    return pool.left, pool.right, root, pool.log_lik, pool.log_h, pool.log_t
 
 
 def sequential_tree_jax(model: TreeModel, points: Any) -> Node:
