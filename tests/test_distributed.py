@@ -87,7 +87,7 @@ Xc = jnp.asarray(X[:12, :2])
 chains = {}
 for name, kernel in (("CollapsedGibbs", lambda: bnp.CollapsedGibbs(model)),
                      ("SplitMerge", lambda: bnp.SplitMerge(model, num_split_merge=2)),
-                     # host callbacks on all 8 devices at once: canonical trees by the host builder
+                     # device trees by default (no callback); with trees="host" the callbacks run on 8 devices
                      ("TreeGuidedMCMC", lambda: bnp.TreeGuidedMCMC(model, num_global_moves=2, init="noisy"))):
     draws = {}
     for method in ("vectorized", "parallel"):

@@ -232,13 +232,16 @@ def test_same_key_same_draws_for_every_chain_method(trees):
     X = _gaussian_data(N)
     model = _model(bnp.DP(1.0), NG)
     out = {}
-    for method in ("sequential", "vectorized", "parallel"):  # parallel: host callbacks on 2 threads
+    # parallel: host callbacks on 2 threads; for device trees (no callback) parallel == vectorized
+    # is checked on 8 devices in tests/test_distributed.py, and each method compiles anew
+    methods = ("sequential", "vectorized", "parallel") if trees == "host" else ("sequential", "vectorized")
+    for method in methods:
         mcmc = MCMC(bnp.TreeGuidedMCMC(model, num_global_moves=3, init="noisy", trees=trees), num_warmup=5,
                     num_samples=20, num_chains=2, chain_method=method, progress_bar=False)
         mcmc.run(jax.random.key(3), X)
         out[method] = np.asarray(mcmc.get_samples(group_by_chain=True)["z"])
-    np.testing.assert_array_equal(out["sequential"], out["vectorized"])
-    np.testing.assert_array_equal(out["sequential"], out["parallel"])
+    for method in methods[1:]:
+        np.testing.assert_array_equal(out["sequential"], out[method])
     assert not np.array_equal(out["vectorized"][0], out["vectorized"][1])
 
 
