@@ -286,18 +286,20 @@ class NGGP(Measure):
         jump far into the tail (the slice at an improbable ``u`` is wide), and a partition
         step at such a ``u`` opens many clusters."""
         counts = _float_counts(counts)
-        dtype = counts.dtype
+        t_star, _, _ = self._log_u_mode(lambda t: self.log_u_conditional(t, counts), counts.dtype)
+        return jnp.exp(t_star)
 
-        def g(t):
-            return self.log_u_conditional(t, counts)
-
+    def _log_u_mode(self, g, dtype=None):
+        """The maximiser ``t*`` of a log-concave ``g(t)`` over ``t = log u``: Newton from the
+        best point of a coarse scan. Returns ``(t*, coarse nodes, g at them)``."""
         dg, d2g = jax.grad(g), jax.grad(jax.grad(g))
         coarse = jnp.linspace(-40.0, 40.0 / self.sigma + 40.0, 1025, dtype=dtype)
-        t0 = coarse[jnp.argmax(jax.vmap(g)(coarse))]
+        gc = jax.vmap(g)(coarse)
+        t0 = coarse[jnp.argmax(gc)]
         t_star = lax.fori_loop(
             0, 60, lambda _, t: t - jnp.clip(dg(t) / jnp.minimum(d2g(t), -1e-8), -2.0, 2.0), t0
         )
-        return jnp.exp(t_star)
+        return t_star, coarse, gc
 
     # -- u integrated out ---------------------------------------------------------------
     def _log_v_integrand(self, t, n, k):
@@ -312,14 +314,8 @@ class NGGP(Measure):
         Newton from the best point of a coarse scan) and the coarse-scan region
         where ``g`` is within 60 of its maximum (heavy tails for small σ).
         """
-        dg, d2g = jax.grad(g), jax.grad(jax.grad(g))
-        coarse = jnp.linspace(-40.0, 40.0 / self.sigma + 40.0, 1025)
-        gc = jax.vmap(g)(coarse)
-        t0 = coarse[jnp.argmax(gc)]
-        t_star = lax.fori_loop(
-            0, 60, lambda _, t: t - jnp.clip(dg(t) / jnp.minimum(d2g(t), -1e-8), -2.0, 2.0), t0
-        )
-        width = 1.0 / jnp.sqrt(jnp.maximum(-d2g(t_star), 1e-10))
+        t_star, coarse, gc = self._log_u_mode(g)
+        width = 1.0 / jnp.sqrt(jnp.maximum(-jax.grad(jax.grad(g))(t_star), 1e-10))
         step = coarse[1] - coarse[0]
         inside = gc > jnp.max(gc) - 60.0
         lo = jnp.min(jnp.where(inside, coarse, jnp.inf)) - step
