@@ -80,22 +80,14 @@ class TreeContext(NamedTuple):
 
 
 def _flat_stats(family, X):
-    """Per-point statistics as one ``(n, P)`` array and the function back to the pytree."""
-    stats = family.point_stats(X)
-    leaves, treedef = jax.tree.flatten(stats)
+    """Per-point statistics as one ``(n, P)`` array and the function back to the pytree
+    (``ibhc._Unpack``, the layout of the host trees' packed statistics)."""
+    from .ibhc import _Unpack
+
+    leaves, treedef = jax.tree.flatten(family.point_stats(X))
     n = X.shape[0]
-    shapes = tuple(x.shape[1:] for x in leaves)
     packed = jnp.concatenate([x.reshape(n, -1) for x in leaves], axis=1)
-
-    def unpack(rows):
-        out, start = [], 0
-        for shape in shapes:
-            size = math.prod(shape)
-            out.append(rows[..., start:start + size].reshape(rows.shape[:-1] + shape))
-            start += size
-        return treedef.unflatten(out)
-
-    return packed, unpack
+    return packed, _Unpack(treedef, tuple(x.shape[1:] for x in leaves))
 
 
 def make_context(X, measure, family, u) -> TreeContext:
@@ -131,12 +123,6 @@ def empty_pool(ctx: TreeContext) -> Pool:
 
 
 # ----------------------------------------------------------------------------- SeqInsert
-def _union_h(ctx, pool, nodes, s):
-    """``(log P, log φ(h))`` of ``node ∪ s`` for each of ``nodes``."""
-    lik = ctx.lik(pool.stats[nodes] + pool.stats[s])
-    return lik, ctx.log_kappa[pool.size[nodes] + pool.size[s]] + lik
-
-
 def _union_h1(ctx, pool, a, s):
     """``(log P, log φ(h))`` of ``a ∪ s`` for one node ``a`` (scalar indexing)."""
     lik = ctx.lik((pool.stats[a] + pool.stats[s])[None])[0]
@@ -466,6 +452,13 @@ def merge_log_q(ctx, stats, size, log_t, active, picked, max_rows: int):
     return jax.nn.logsumexp(jnp.where(row_ok, terms, -jnp.inf))
 
 
+def _log_d_row(ctx, stats, size, log_t, c):
+    """``log d(c, j)`` of cluster ``c`` to every slot ``j`` (statistics, sizes, root ``log_t``)."""
+    h = (ctx.log_kappa[jnp.minimum(size + size[c], ctx.log_kappa.shape[0] - 1)]
+         + ctx.lik(stats + stats[c]))
+    return log_t[c] + log_t - h
+
+
 def _log_select_alone(log_d_row, active, c):
     """``log`` of picking cluster ``c`` and leaving every other cluster out of ``M``."""
     k = jnp.sum(active)
@@ -490,9 +483,7 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
     k_pick, k_m, k_sub, k_ins, k_u = jax.random.split(key, 5)
     active, stats, size, log_t, log_h = _clusters(pool, roots)
     c = jax.random.categorical(k_pick, jnp.where(active, 0.0, -jnp.inf))
-    lik_c = ctx.lik(stats + stats[c])
-    h_c = ctx.log_kappa[jnp.minimum(size + size[c], n + 1)] + lik_c
-    log_d_c = log_t[c] + log_t - h_c
+    log_d_c = _log_d_row(ctx, stats, size, log_t, c)
     others = active & (jnp.arange(capacity) != c)
     into_m = others & (jnp.log(jax.random.uniform(k_m, (capacity,))) < -jnp.logaddexp(0.0, log_d_c))
     is_merge = jnp.any(into_m)
@@ -516,10 +507,7 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
             pool2, u_root = build_tree(ctx, pool, members)
             roots2 = jnp.where(picked, -1, roots).at[c].set(u_root)
             act2, st2, sz2, lt2, _ = _clusters(pool2, roots2)
-            lik_u = ctx.lik(st2 + st2[c])
-            h_u = ctx.log_kappa[jnp.minimum(sz2 + sz2[c], n + 1)] + lik_u
-            log_d_u = lt2[c] + lt2 - h_u
-            select = _log_select_alone(log_d_u, act2, c)
+            select = _log_select_alone(_log_d_row(ctx, st2, sz2, lt2, c), act2, c)
             part_of_leaf = jnp.where(members, labels, 0).astype(jnp.int32)
             log_split = split_log_prob(ctx, pool2, u_root, part_of_leaf, max_parts)
             log_q_rev = jnp.where(too_many, -jnp.inf, select + log_split)
@@ -555,8 +543,7 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
         no_room = num - 1 > num_free
 
         def full(_):
-            log_split = split_log_prob(ctx, pool, root, jnp.where(in_c, part_of_leaf, 0), max_parts,
-                                       v, log_path)
+            log_split = split_log_prob(ctx, pool, root, part_of_leaf, max_parts, v, log_path)
             log_q_fwd = select + log_split
             # new slots: part 0 keeps c's slot, parts 1.. take the first free slots
             free_slots = jnp.nonzero(free, size=capacity, fill_value=0)[0].astype(jnp.int32)
@@ -630,7 +617,7 @@ def global_moves(key, labels, X, measure, family, u, *, capacity: int, num_moves
         roots = jnp.where(take, roots2, roots)
         proposed = kind > 0
         finite = proposed & jnp.isfinite(log_r)
-        s = s + jnp.where(finite, jnp.minimum(0.0, jnp.where(finite, log_r, 0.0)), 0.0)
+        s = s + jnp.minimum(0.0, jnp.where(finite, log_r, 0.0))
         return (labels, pool, roots, acc + take.astype(jnp.int32), prop + proposed.astype(jnp.int32),
                 s, m + finite.astype(jnp.int32), no_room | full, key)
 
@@ -644,13 +631,11 @@ def global_moves(key, labels, X, measure, family, u, *, capacity: int, num_moves
 # ----------------------------------------------------------------------------- for the tests
 @functools.partial(jax.jit, static_argnames=("capacity", "max_parts"))
 def _split_q(X, measure, family, u, labels, c, part, *, capacity, max_parts):
-    n = X.shape[0]
     ctx = make_context(X, measure, family, u)
     pool, roots = build_forest(ctx, labels, capacity)
     active, stats, size, log_t, _ = _clusters(pool, roots)
-    row = log_t[c] + log_t - (ctx.log_kappa[jnp.minimum(size + size[c], n + 1)]
-                              + ctx.lik(stats + stats[c]))
-    return _log_select_alone(row, active, c) + split_log_prob(ctx, pool, roots[c], part, max_parts)
+    select = _log_select_alone(_log_d_row(ctx, stats, size, log_t, c), active, c)
+    return select + split_log_prob(ctx, pool, roots[c], part, max_parts)
 
 
 @functools.partial(jax.jit, static_argnames=("capacity",))
