@@ -122,6 +122,18 @@ def empty_pool(ctx: TreeContext) -> Pool:
     )
 
 
+def _nonzero(mask, size: int):
+    """``jnp.nonzero(mask, size=size, fill_value=0)[0]`` without a scatter.
+
+    The moves contain no ``scatter`` or ``sort``, so that XLA:CPU's small
+    while-loop pass can compile their loops as single kernels (README, "CPU
+    speed"): ``jnp.nonzero`` ends in a scatter, a binary search does not.
+    """
+    c = jnp.cumsum(mask.astype(jnp.int32))
+    idx = jnp.searchsorted(c, jnp.arange(1, size + 1, dtype=jnp.int32), side="left", method="scan")
+    return jnp.where(idx < mask.shape[0], idx, 0).astype(jnp.int32)
+
+
 # ----------------------------------------------------------------------------- SeqInsert
 def _union_h1(ctx, pool, a, s):
     """``(log P, log φ(h))`` of ``a ∪ s`` for one node ``a`` (scalar indexing)."""
@@ -209,8 +221,8 @@ def build_tree(ctx: TreeContext, pool: Pool, members):
     """
     n = ctx.points.shape[0]
     count = jnp.sum(members).astype(jnp.int32)
-    order = jnp.nonzero(members, size=n, fill_value=0)[0].astype(jnp.int32)
-    parent = pool.parent.at[jnp.where(members, jnp.arange(n), 2 * n)].set(-1, mode="drop")
+    order = _nonzero(members, n)
+    parent = jnp.where(jnp.concatenate([members, jnp.zeros(n, bool)]), -1, pool.parent)
     pool = pool._replace(parent=parent)
 
     def insert(k, carry):
@@ -299,19 +311,17 @@ def _cut_and_insert(ctx, pool, v, key, part_of_node, max_parts: int):
         return pool.parent[c[0]] >= 0
 
     def up_body(c):
-        child, Q, destroyed, nq = c
+        child, Q, destroyed, nq, parent = c
         p = pool.parent[child]
         sib = jnp.where(pool.left[p] == child, pool.right[p], pool.left[p])
-        return p, Q.at[nq].set(sib), destroyed.at[nq + 1].set(p), nq + 1
+        return p, Q.at[nq].set(sib), destroyed.at[nq + 1].set(p), nq + 1, parent.at[sib].set(-1)
 
     Q0 = jnp.zeros(n, jnp.int32)
-    _, Q, destroyed, nq = lax.while_loop(
-        up_cond, up_body, (v, Q0, jnp.zeros(n + 1, jnp.int32).at[0].set(v), jnp.int32(0))
+    _, Q, destroyed, nq, parent = lax.while_loop(
+        up_cond, up_body, (v, Q0, jnp.zeros(n + 1, jnp.int32).at[0].set(v), jnp.int32(0), pool.parent)
     )
     l, r = pool.left[v], pool.right[v]
-    parent = pool.parent.at[l].set(-1).at[r].set(-1)
-    parent = parent.at[jnp.where(jnp.arange(n) < nq, Q, 2 * n)].set(-1, mode="drop")
-    pool = pool._replace(parent=parent)
+    pool = pool._replace(parent=parent.at[l].set(-1).at[r].set(-1))
     S = jnp.zeros(max_parts, jnp.int32).at[0].set(l).at[1].set(r)
     if part_of_node is None:
         S_part = jnp.zeros(max_parts, jnp.int32)
@@ -415,7 +425,7 @@ def split_log_prob(ctx: TreeContext, pool: Pool, root, part_of_leaf, max_parts: 
     pl, pr = part[jnp.maximum(pool.left[v], 0)], part[jnp.maximum(pool.right[v], 0)]
     valid = ((jnp.arange(num) < count) & (pool.left[v] >= 0) & ok[v] & (pl >= 0) & (pr >= 0)
              & (pl != pr) & jnp.isfinite(log_p))
-    idx = jnp.nonzero(valid, size=num, fill_value=0)[0]
+    idx = _nonzero(valid, num)
     num_valid = jnp.sum(valid)
 
     def term(k, acc):
@@ -440,7 +450,7 @@ def merge_log_q(ctx, stats, size, log_t, active, picked, max_rows: int):
     the dissimilarities of the (at most ``max_rows``) picked rows are evaluated.
     """
     capacity = active.shape[0]
-    rows = jnp.nonzero(picked, size=max_rows, fill_value=0)[0]
+    rows = _nonzero(picked, max_rows)
     row_ok = jnp.arange(max_rows) < jnp.sum(picked)
     lik = ctx.lik(stats[rows][:, None, :] + stats[None, :, :])
     h = ctx.log_kappa[jnp.minimum(size[rows][:, None] + size[None, :], ctx.log_kappa.shape[0] - 1)] + lik
@@ -476,7 +486,29 @@ def _clusters(pool, roots):
     return ok, stats, size, pool.log_t[r], pool.log_h[r]
 
 
+class _Proposal(NamedTuple):
+    """What a proposed split or merge hands to the shared full evaluation of its ratio."""
+
+    ok: jax.Array  # the ratio can be non-zero (merge: not too many parts; split: no overflow)
+    bound: jax.Array  # an upper bound on log r (early rejection)
+    delta: jax.Array  # log p(X, Π*) - log p(X, Π)
+    log_fwd: jax.Array  # merge: log q(Π*|Π); split: the selection term of q(Π*|Π)
+    lane: jax.Array  # (n,) which new cluster each point goes to (-1: unchanged)
+    num_lanes: jax.Array
+    slot_of_lane: jax.Array  # (max_parts,) the slot of each new cluster
+    clear: jax.Array  # (capacity,) slots emptied before the new clusters are written
+    part_of_leaf: jax.Array  # (n,) the parts the split probability is evaluated for
+    known_node: jax.Array  # split: the proposal's cut node (its term is known)
+    known_log_prob: jax.Array
+    no_room: jax.Array  # split: more new clusters than free slots
+    overflow: jax.Array  # split: more than max_parts parts
+
+
 def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
+    """One global move. A ``lax.switch`` proposes (split, merge or nothing) and
+    bounds ``log r``; one shared full evaluation then builds the new canonical
+    trees and the probabilities of both directions (``split_log_prob`` and the
+    tree builder appear once in the program, which halves its compile time)."""
     n = ctx.points.shape[0]
     capacity = roots.shape[0]
     dtype = pool.log_t.dtype
@@ -491,6 +523,8 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
     log_u = jnp.log(jax.random.uniform(k_u, dtype=dtype))
     tiny = jnp.finfo(dtype).tiny
     log_u = jnp.maximum(log_u, jnp.log(tiny))
+    f0, i0, no = jnp.zeros((), dtype), jnp.int32(0), jnp.bool_(False)
+    parts = jnp.arange(max_parts)
 
     def merge(_):
         picked = into_m.at[c].set(True)
@@ -500,27 +534,13 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
         delta = u_h - jnp.sum(jnp.where(picked, log_h, 0.0))
         too_many = jnp.sum(picked) > max_parts  # its reverse split is not proposed: r = 0
         log_q_fwd = merge_log_q(ctx, stats, size, log_t, active, picked, max_parts)
-        bound = jnp.where(too_many, -jnp.inf, delta - log_q_fwd)
-
-        def full(_):
-            members = picked[labels]
-            pool2, u_root = build_tree(ctx, pool, members)
-            roots2 = jnp.where(picked, -1, roots).at[c].set(u_root)
-            act2, st2, sz2, lt2, _ = _clusters(pool2, roots2)
-            select = _log_select_alone(_log_d_row(ctx, st2, sz2, lt2, c), act2, c)
-            part_of_leaf = jnp.where(members, labels, 0).astype(jnp.int32)
-            log_split = split_log_prob(ctx, pool2, u_root, part_of_leaf, max_parts)
-            log_q_rev = jnp.where(too_many, -jnp.inf, select + log_split)
-            log_r = delta + log_q_rev - log_q_fwd
-            accept = log_u < log_r
-            new_labels = jnp.where(members, c, labels).astype(jnp.int32)
-            return accept, log_r, pool2, roots2, new_labels
-
-        def early(_):
-            return jnp.bool_(False), bound, pool, roots, labels
-
-        go = (log_u < bound) if early_rejection else ~too_many
-        return lax.cond(go, full, early, None)
+        members = picked[labels]
+        return _Proposal(
+            ok=~too_many, bound=jnp.where(too_many, -jnp.inf, delta - log_q_fwd), delta=delta,
+            log_fwd=log_q_fwd, lane=jnp.where(members, 0, -1).astype(jnp.int32), num_lanes=jnp.int32(1),
+            slot_of_lane=jnp.full(max_parts, c, jnp.int32), clear=picked,
+            part_of_leaf=jnp.where(members, labels, 0).astype(jnp.int32), known_node=jnp.int32(-1),
+            known_log_prob=f0, no_room=no, overflow=no)
 
     def split(_):
         root = roots[c]
@@ -531,65 +551,63 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
         pool1, S, num, log_ins, overflow = _cut_and_insert(ctx, pool, v, k_ins, None, max_parts)
         log_path = log_p[j] + log_ins
         select = _log_select_alone(log_d_c, active, c)
-        delta = jnp.sum(jnp.where(jnp.arange(max_parts) < num, pool1.log_h[S], 0.0)) - log_h[c]
-        bound = delta - (select + log_path)
+        delta = jnp.sum(jnp.where(parts < num, pool1.log_h[S], 0.0)) - log_h[c]
         # the part of every point of c: which new root it hangs under
         anc = root_of(pool1)[:n]
         in_c = labels == c
-        match = anc[:, None] == jnp.where(jnp.arange(max_parts) < num, S, -5)[None, :]
+        match = anc[:, None] == jnp.where(parts < num, S, -5)[None, :]
         part_of_leaf = jnp.where(in_c, jnp.argmax(match, axis=1), 0).astype(jnp.int32)
         free = ~active
-        num_free = jnp.sum(free)
-        no_room = num - 1 > num_free
-
-        def full(_):
-            log_split = split_log_prob(ctx, pool, root, part_of_leaf, max_parts, v, log_path)
-            log_q_fwd = select + log_split
-            # new slots: part 0 keeps c's slot, parts 1.. take the first free slots
-            free_slots = jnp.nonzero(free, size=capacity, fill_value=0)[0].astype(jnp.int32)
-            slot_of_part = jnp.where(jnp.arange(max_parts) == 0, c,
-                                     free_slots[jnp.clip(jnp.arange(max_parts) - 1, 0, capacity - 1)])
-            new_labels = jnp.where(in_c, slot_of_part[part_of_leaf], labels).astype(jnp.int32)
-
-            def build_part(k, c2):
-                pool2, roots2 = c2
-                members = in_c & (part_of_leaf == k)
-                pool2, r = build_tree(ctx, pool2, members)
-                return pool2, roots2.at[slot_of_part[k]].set(r)
-
-            pool2, roots2 = lax.fori_loop(0, num, build_part, (pool, roots))
-            act2, st2, sz2, lt2, _ = _clusters(pool2, roots2)
-            used = jnp.arange(max_parts) < num
-            picked = jnp.zeros(capacity, bool).at[jnp.where(used, slot_of_part, capacity)].set(
-                True, mode="drop")
-            log_q_rev = merge_log_q(ctx, st2, sz2, lt2, act2, picked, max_parts)
-            log_r = delta + log_q_rev - log_q_fwd
-            accept = log_u < log_r  # masked by no_room below
-            return accept, log_r, pool2, roots2, new_labels
-
-        def early(_):
-            return jnp.bool_(False), bound, pool, roots, labels
-
-        if early_rejection:
-            out = lax.cond((log_u < bound) & ~overflow, full, early, None)
-        else:
-            out = lax.cond(~overflow, full, early, None)
-        accept, log_r, pool2, roots2, new_labels = out
-        # an accepted split with no free slot: the state stays and the kernel raises CapacityError
-        return (accept & ~no_room, jnp.where(overflow, -jnp.inf, log_r), pool2, roots2, new_labels,
-                no_room & accept)
+        # new slots: part 0 keeps c's slot, parts 1.. take the first free slots
+        free_slots = _nonzero(free, capacity)
+        slot_of_part = jnp.where(parts == 0, c, free_slots[jnp.clip(parts - 1, 0, capacity - 1)])
+        return _Proposal(
+            ok=~overflow, bound=delta - (select + log_path), delta=delta, log_fwd=select,
+            lane=jnp.where(in_c, part_of_leaf, -1).astype(jnp.int32), num_lanes=num.astype(jnp.int32),
+            slot_of_lane=slot_of_part.astype(jnp.int32), clear=jnp.zeros(capacity, bool),
+            part_of_leaf=part_of_leaf, known_node=v.astype(jnp.int32), known_log_prob=log_path.astype(dtype),
+            no_room=num - 1 > jnp.sum(free), overflow=overflow)
 
     def none(_):
-        return jnp.bool_(False), jnp.asarray(jnp.nan, dtype), pool, roots, labels
+        return _Proposal(
+            ok=no, bound=jnp.asarray(jnp.nan, dtype), delta=f0, log_fwd=f0,
+            lane=-jnp.ones(n, jnp.int32), num_lanes=i0, slot_of_lane=jnp.zeros(max_parts, jnp.int32),
+            clear=jnp.zeros(capacity, bool), part_of_leaf=jnp.zeros(n, jnp.int32), known_node=jnp.int32(-1),
+            known_log_prob=f0, no_room=no, overflow=no)
 
     kind = jnp.where(is_merge, 2, jnp.where(is_split, 1, 0))
-    branches = [
-        lambda _: none(None) + (jnp.bool_(False),),
-        lambda _: split(None),
-        lambda _: merge(None) + (jnp.bool_(False),),
-    ]
-    accept, log_r, pool2, roots2, new_labels, no_room = lax.switch(kind, branches, None)
-    return accept, log_r, kind, pool2, roots2, new_labels, no_room
+    prop = lax.switch(kind, [none, split, merge], None)
+
+    def full(_):
+        def build(k, carry):
+            pool2, roots2 = carry
+            pool2, r = build_tree(ctx, pool2, prop.lane == k)
+            return pool2, roots2.at[prop.slot_of_lane[k]].set(r)
+
+        pool2, roots2 = lax.fori_loop(0, prop.num_lanes, build, (pool, jnp.where(prop.clear, -1, roots)))
+        # the split probability: of the merged tree (merge), of c's tree before the move (split)
+        tree_pool = jax.tree.map(lambda a, b: jnp.where(is_merge, a, b), pool2, pool)
+        log_split = split_log_prob(ctx, tree_pool, jnp.where(is_merge, roots2[c], roots[c]), prop.part_of_leaf,
+                                   max_parts, prop.known_node, prop.known_log_prob)
+        act2, st2, sz2, lt2, _ = _clusters(pool2, roots2)
+        used = parts < prop.num_lanes
+        new_slots = jnp.any((jnp.arange(capacity)[:, None] == prop.slot_of_lane[None, :]) & used[None, :], axis=1)
+        log_merge_rev = merge_log_q(ctx, st2, sz2, lt2, act2, new_slots, max_parts)  # split's reverse
+        select_rev = _log_select_alone(_log_d_row(ctx, st2, sz2, lt2, c), act2, c)  # merge's reverse
+        log_r = jnp.where(is_merge, prop.delta + select_rev + log_split - prop.log_fwd,
+                          prop.delta + log_merge_rev - (prop.log_fwd + log_split))
+        new_labels = jnp.where(prop.lane >= 0, prop.slot_of_lane[jnp.maximum(prop.lane, 0)], labels)
+        return log_u < log_r, log_r, pool2, roots2, new_labels.astype(jnp.int32)
+
+    def early(_):
+        return jnp.bool_(False), prop.bound, pool, roots, labels
+
+    go = prop.ok & (log_u < prop.bound) if early_rejection else prop.ok
+    accept, log_r, pool2, roots2, new_labels = lax.cond(go, full, early, None)
+    log_r = jnp.where(prop.overflow, -jnp.inf, log_r)
+    # an accepted split with no free slot: the state stays and the kernel raises CapacityError
+    no_room = prop.no_room & accept
+    return accept & ~no_room, log_r, kind, pool2, roots2, new_labels, no_room
 
 
 @functools.partial(jax.jit, static_argnames=("capacity", "num_moves", "max_parts", "early_rejection"))
