@@ -693,7 +693,12 @@ def main(argv=None):
                     help="a level counts as reached at log joint >= level - this (nats; 0: strict)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-name", help="file stem under benchmarks/results (default tgmcmc / tgmcmc_quick)")
+    ap.add_argument("--no-cpu-loop-kernels", action="store_true",
+                    help="leave XLA:CPU's small-while-loop threshold at its default (1 kB) instead of "
+                         "bnp.set_cpu_loop_kernels() (64 MiB: whole loops compiled as one kernel)")
     args = ap.parse_args(argv)
+    if not args.no_cpu_loop_kernels:
+        bnp.set_cpu_loop_kernels()  # before JAX starts (machine_info below lists the devices)
     args.repeats = args.repeats or (1 if args.quick else 5)
     args.budget_toy = args.budget_toy or (2.0 if args.quick else 10.0)
     args.budget_10k = args.budget_10k or (20.0 if args.quick else 300.0)
@@ -718,6 +723,8 @@ def main(argv=None):
             "init": "the paper's noisy partition (TreeGuidedHost.noisy_labels), same for the three samplers",
             "seed": args.seed,
             "warmup_steps": args.warmup_steps,
+            "cpu_loop_kernels": "XLA's default (1 kB)" if args.no_cpu_loop_kernels
+                                else "bnp.set_cpu_loop_kernels() (64 MiB)",
             "level_tolerance": args.level_tolerance,
         },
         "cells": [],

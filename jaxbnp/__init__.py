@@ -6,6 +6,7 @@ in float64.
 """
 
 from . import datasets
+from ._xla import set_cpu_loop_kernels
 from .inference import (
     CapacityError, ClusterState, CollapsedGibbs, SplitMerge, TreeGuidedMCMC, collapsed_gibbs_fn,
 )
@@ -47,7 +48,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'jaxbnp' has no attribute {name!r}")
 
 __all__ = [
-    "datasets",
+    "datasets", "set_cpu_loop_kernels",
     "DP", "NGGP", "PitmanYor",
     "NormalGamma", "NormalWishart", "DirichletMultinomial", "BetaBernoulli",
     "Partition", "ConjugateMixture", "AuxiliaryU", "log_joint",
