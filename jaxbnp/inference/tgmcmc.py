@@ -100,7 +100,7 @@ from .ibhc import (
 )
 from .kernels import MoveStatsKernel, MoveStatsState, _chain_id
 from .split_merge import _check_count
-from .tgmcmc_device import global_moves
+from .tgmcmc_device import Forest, empty_forest, global_moves_forest
 
 __all__ = [
     "TreeGuidedMCMC",
@@ -599,7 +599,22 @@ def _host_init_labels(run_id, method, chain_id, key_data, X, measure, family, u)
 
 
 # ----------------------------------------------------------------------------- the kernel
-TreeGuidedState = MoveStatsState
+class TreeGuidedState(NamedTuple):
+    """State of a :class:`TreeGuidedMCMC` chain: the fields of
+    :class:`~jaxbnp.inference.kernels.MoveStatsState` plus ``forest``, the canonical
+    trees of the current partition (``trees="device"``; ``None`` otherwise), kept so
+    that the next iteration rebuilds only the trees of the clusters that changed."""
+
+    z: dict
+    clusters: Any
+    log_joint: jax.Array
+    num_clusters: jax.Array
+    rng_key: jax.Array
+    chain_id: jax.Array
+    num_accepted: jax.Array
+    num_proposed: jax.Array
+    mean_log_accept: jax.Array
+    forest: Forest | None
 
 
 class TreeGuidedMCMC(MoveStatsKernel):
@@ -706,7 +721,19 @@ class TreeGuidedMCMC(MoveStatsKernel):
 
     def _init_one(self, key, params, hyper0, model_args, model_kwargs):
         self._init_chain_id = _chain_id(key)  # the id MoveStatsKernel gives this chain
-        return super()._init_one(key, params, hyper0, model_args, model_kwargs)
+        base = super()._init_one(key, params, hyper0, model_args, model_kwargs)
+        forest = None
+        if self._num_global_moves and self._trees == "device":
+            measure, family, X, u, _ = self._read(base.z, model_args, model_kwargs)
+            forest = empty_forest(X, measure, family, u if measure.has_auxiliary else None,
+                                  base.clusters.capacity)
+        return TreeGuidedState(*base, forest=forest)
+
+    def _sample_one(self, state, model_args, model_kwargs):
+        self._forest = state.forest  # read and replaced by _core_step while it is traced
+        out = super()._sample_one(MoveStatsState(*state[:9]), model_args, model_kwargs)
+        forest, self._forest = self._forest, None
+        return TreeGuidedState(*out, forest=forest)
 
     def _init_labels(self, key, params, measure, family, X, u, capacity):
         if self._init in ("one", "singletons", "prior"):
@@ -727,10 +754,10 @@ class TreeGuidedMCMC(MoveStatsKernel):
         accepted = proposed = jnp.zeros((), jnp.int32)
         mean_log = jnp.zeros((), jnp.float32)
         if self._num_global_moves and self._trees == "device":
-            labels, accepted, proposed, mean_log, no_room = global_moves(
-                k_global, clusters.labels, X, measure, family,
+            labels, accepted, proposed, mean_log, no_room, self._forest = global_moves_forest(
+                k_global, self._forest, clusters.labels, X, measure, family,
                 u if measure.has_auxiliary else None,
-                capacity=capacity, num_moves=self._num_global_moves, max_parts=self._max_parts,
+                num_moves=self._num_global_moves, max_parts=self._max_parts,
                 early_rejection=self._early_rejection,
             )
             mean_log = mean_log.astype(jnp.float32)

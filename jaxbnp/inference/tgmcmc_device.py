@@ -53,6 +53,10 @@ __all__ = [
     "split_log_prob",
     "merge_log_q",
     "global_moves",
+    "global_moves_forest",
+    "Forest",
+    "empty_forest",
+    "refresh_forest",
     "proposal_log_prob",
 ]
 
@@ -610,18 +614,9 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
     return accept & ~no_room, log_r, kind, pool2, roots2, new_labels, no_room
 
 
-@functools.partial(jax.jit, static_argnames=("capacity", "num_moves", "max_parts", "early_rejection"))
-def global_moves(key, labels, X, measure, family, u, *, capacity: int, num_moves: int,
-                 max_parts: int = 16, early_rejection: bool = True):
-    """``num_moves`` global moves from slot labels ``labels`` (``TreeGuidedHost.run``, in JAX).
-
-    Returns ``(labels, num_accepted, num_proposed, mean_log_accept, no_room)``:
-    ``mean_log_accept`` averages ``min(0, log r)`` (an upper bound where a move
-    was rejected early), ``no_room`` says that an accepted split found no free
-    slot (the kernel raises ``CapacityError``).
-    """
-    ctx = make_context(X, measure, family, u)
-    pool, roots = build_forest(ctx, labels, capacity)
+def _run_moves(ctx, key, labels, pool, roots, num_moves, max_parts, early_rejection):
+    """``num_moves`` moves from a canonical forest; the pool and roots returned are the
+    canonical forest of the labels returned."""
     dtype = pool.log_t.dtype
 
     def body(i, c):
@@ -643,7 +638,91 @@ def global_moves(key, labels, X, measure, family, u, *, capacity: int, num_moves
             jnp.int32(0), jnp.bool_(False), key)
     labels, pool, roots, acc, prop, s, m, no_room, _ = lax.fori_loop(0, num_moves, body, init)
     mean = jnp.where(m > 0, s / jnp.maximum(m, 1), 0.0)
-    return labels, acc, prop, mean, no_room
+    return labels, acc, prop, mean, no_room, pool, roots
+
+
+@functools.partial(jax.jit, static_argnames=("capacity", "num_moves", "max_parts", "early_rejection"))
+def global_moves(key, labels, X, measure, family, u, *, capacity: int, num_moves: int,
+                 max_parts: int = 16, early_rejection: bool = True):
+    """``num_moves`` global moves from slot labels ``labels`` (``TreeGuidedHost.run``, in JAX).
+
+    Returns ``(labels, num_accepted, num_proposed, mean_log_accept, no_room)``:
+    ``mean_log_accept`` averages ``min(0, log r)`` (an upper bound where a move
+    was rejected early), ``no_room`` says that an accepted split found no free
+    slot (the kernel raises ``CapacityError``). The canonical trees are built
+    from scratch; :func:`global_moves_forest` carries them between calls.
+    """
+    ctx = make_context(X, measure, family, u)
+    pool, roots = build_forest(ctx, labels, capacity)
+    return _run_moves(ctx, key, labels, pool, roots, num_moves, max_parts, early_rejection)[:5]
+
+
+# ----------------------------------------------------------------------------- forests kept between calls
+class Forest(NamedTuple):
+    """The canonical trees of the partition ``labels`` under the tree parameters ``params``
+    (``log κ(·, u)`` and the family's parameters), carried from one call of
+    :func:`global_moves_forest` to the next in the kernel's state."""
+
+    pool: Pool
+    roots: jax.Array  # (capacity,)
+    labels: jax.Array  # (n,) the slot labels the trees are of
+    params: jax.Array
+
+
+def _tree_params(ctx: TreeContext, family):
+    """Everything but the data that a canonical tree depends on: ``log κ(m, u)`` and the family."""
+    leaves = [jnp.ravel(jnp.asarray(x)).astype(ctx.log_kappa.dtype) for x in jax.tree.leaves(family)]
+    return jnp.concatenate([ctx.log_kappa] + leaves)
+
+
+def empty_forest(X, measure, family, u, capacity: int) -> Forest:
+    """A :class:`Forest` that the next :func:`global_moves_forest` rebuilds in full."""
+    ctx = make_context(X, measure, family, u)
+    params = _tree_params(ctx, family)
+    return Forest(empty_pool(ctx), -jnp.ones(capacity, jnp.int32), -jnp.ones(X.shape[0], jnp.int32),
+                  jnp.full_like(params, jnp.nan))
+
+
+def refresh_forest(ctx: TreeContext, forest: Forest, labels, params):
+    """The canonical forest of ``labels`` under ``params``, from ``forest``: the trees of
+    the clusters whose points changed are rebuilt, the others are kept; all of them
+    are rebuilt if ``params`` differ from the forest's. Returns ``(pool, roots)``,
+    the same arrays as ``build_forest(ctx, labels, capacity)`` on every node reachable
+    from a root."""
+    capacity = forest.roots.shape[0]
+    same = jnp.all(forest.params == params)
+    slots = jnp.arange(capacity)
+    moved = labels != forest.labels
+    changed = jnp.any(moved[:, None] & ((labels[:, None] == slots) | (forest.labels[:, None] == slots)), axis=0)
+    changed = changed | ~same
+    pool = jax.tree.map(lambda a, b: jnp.where(same, a, b), forest.pool, empty_pool(ctx))
+
+    def body(k, carry):
+        def rebuild(carry):
+            pool, roots = carry
+            pool, r = build_tree(ctx, pool, labels == k)
+            return pool, roots.at[k].set(r)
+
+        return lax.cond(changed[k], rebuild, lambda c: c, carry)
+
+    return lax.fori_loop(0, capacity, body, (pool, forest.roots))
+
+
+@functools.partial(jax.jit, static_argnames=("num_moves", "max_parts", "early_rejection"))
+def global_moves_forest(key, forest: Forest, labels, X, measure, family, u, *, num_moves: int,
+                        max_parts: int = 16, early_rejection: bool = True):
+    """:func:`global_moves` from a :class:`Forest` kept from the previous call (the
+    kernel's state): the trees are rebuilt only for the clusters whose points changed
+    since (all of them when ``u`` or a hyperparameter changed). The same draws as
+    :func:`global_moves` with the same key. Returns its five values and the new forest.
+    """
+    ctx = make_context(X, measure, family, u)
+    params = _tree_params(ctx, family)
+    labels = labels.astype(jnp.int32)
+    pool, roots = refresh_forest(ctx, forest, labels, params)
+    labels, acc, prop, mean, no_room, pool, roots = _run_moves(
+        ctx, key, labels, pool, roots, num_moves, max_parts, early_rejection)
+    return labels, acc, prop, mean, no_room, Forest(pool, roots, labels, params)
 
 
 # ----------------------------------------------------------------------------- for the tests

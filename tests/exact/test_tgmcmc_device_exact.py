@@ -93,3 +93,49 @@ def test_device_split_without_a_free_slot_raises_instead_of_dropping():
     mcmc = MCMC(kernel, num_warmup=20, num_samples=5, progress_bar=False)
     with pytest.raises(Exception, match="cluster slots are in use.*larger capacity"):
         mcmc.run(jax.random.key(0), X)
+
+
+def _trees(pool, roots):
+    """Every cluster's tree as (node, left, right, size, log_h, log_t) in pre-order."""
+    out = {}
+    for k, r in enumerate(np.asarray(roots)):
+        if r < 0:
+            continue
+        order, count = tgmcmc_device._preorder(pool, int(r))
+        out[k] = [(int(v), int(pool.left[v]), int(pool.right[v]), int(pool.size[v]), float(pool.log_h[v]),
+                   float(pool.log_t[v])) for v in np.asarray(order)[: int(count)]]
+    return out
+
+
+def test_kept_forest_gives_the_draws_and_trees_of_a_fresh_build():
+    """``global_moves_forest`` (the kernel's default) from the trees of an earlier partition,
+    with a few points moved, and again after ``u`` changed: the same draws as
+    ``global_moves`` rebuilding every tree, and the forest it returns holds the
+    canonical trees of the partition it returns."""
+    n, capacity = 20, 20
+    X = _gaussian_data(n, dim=2, seed=5)
+    family = NW
+    labels_a = np.arange(n, dtype=np.int32) % 8  # 8 clusters that merges improve
+    labels_b = labels_a.copy()
+    labels_b[[1, 7]] = (labels_a[[1, 7]] + 1) % 8
+    labels_b[12] = 11  # into an empty slot
+    key = jax.random.key(3)
+    forest = tgmcmc_device.empty_forest(X, NGGP, family, 2.5, capacity)
+    _, _, _, _, _, forest = tgmcmc_device.global_moves_forest(key, forest, labels_a, X, NGGP, family, 2.5,
+                                                              num_moves=0)
+    for labels, u in [(labels_b, 2.5), (labels_a, 3.0)]:
+        kept = tgmcmc_device.global_moves_forest(key, forest, labels, X, NGGP, family, u, num_moves=12)
+        fresh = tgmcmc_device.global_moves(key, labels, X, NGGP, family, u, capacity=capacity, num_moves=12)
+        for a, b in zip(kept[:5], fresh):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert int(kept[1]) > 0  # some moves were accepted, so the returned trees were edited
+        new = kept[5]
+        np.testing.assert_array_equal(np.asarray(new.labels), np.asarray(kept[0]))
+        ctx = tgmcmc_device.make_context(X, NGGP, family, u)
+        pool, roots = tgmcmc_device.build_forest(ctx, new.labels, capacity)
+        np.testing.assert_array_equal(np.asarray(new.roots), np.asarray(roots))
+        got, want = _trees(new.pool, new.roots), _trees(pool, roots)
+        assert got.keys() == want.keys()
+        for k in want:  # the same shapes; potentials equal to rounding (separately compiled programs)
+            assert [t[:4] for t in got[k]] == [t[:4] for t in want[k]]
+            np.testing.assert_allclose([t[4:] for t in got[k]], [t[4:] for t in want[k]], rtol=1e-12)
