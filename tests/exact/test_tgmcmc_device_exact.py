@@ -115,14 +115,16 @@ def test_kept_forest_gives_the_draws_and_trees_of_a_fresh_build():
     n, capacity = 20, 20
     X = _gaussian_data(n, dim=2, seed=5)
     family = NW
-    labels_a = np.arange(n, dtype=np.int32) % 8  # 8 clusters that merges improve
-    labels_b = labels_a.copy()
-    labels_b[[1, 7]] = (labels_a[[1, 7]] + 1) % 8
-    labels_b[12] = 11  # into an empty slot
+    start = np.arange(n, dtype=np.int32) % 8  # 8 clusters that merges improve
     key = jax.random.key(3)
     forest = tgmcmc_device.empty_forest(X, NGGP, family, 2.5, capacity)
-    _, _, _, _, _, forest = tgmcmc_device.global_moves_forest(key, forest, labels_a, X, NGGP, family, 2.5,
-                                                              num_moves=0)
+    forest = tgmcmc_device.global_moves_forest(key, forest, start, X, NGGP, family, 2.5, num_moves=12)[5]
+    labels_a = np.asarray(forest.labels)  # the partition the kept trees are of
+    labels_b = labels_a.copy()
+    labels_b[[1, 7]] = labels_a[[2, 3]]  # moved to other clusters (or kept, if the same)
+    labels_b[12] = int(np.setdiff1d(np.arange(capacity), labels_a)[0])  # into an empty slot
+    assert not np.array_equal(labels_a, labels_b)
+    key = jax.random.key(6)  # accepts moves from both states
     for labels, u in [(labels_b, 2.5), (labels_a, 3.0)]:
         kept = tgmcmc_device.global_moves_forest(key, forest, labels, X, NGGP, family, u, num_moves=12)
         fresh = tgmcmc_device.global_moves(key, labels, X, NGGP, family, u, capacity=capacity, num_moves=12)
