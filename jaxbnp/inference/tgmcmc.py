@@ -72,7 +72,7 @@ import math
 import threading
 import zlib
 from collections import OrderedDict
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -599,22 +599,12 @@ def _host_init_labels(run_id, method, chain_id, key_data, X, measure, family, u)
 
 
 # ----------------------------------------------------------------------------- the kernel
-class TreeGuidedState(NamedTuple):
-    """State of a :class:`TreeGuidedMCMC` chain: the fields of
-    :class:`~jaxbnp.inference.kernels.MoveStatsState` plus ``forest``, the canonical
-    trees of the current partition (``trees="device"``; ``None`` otherwise), kept so
-    that the next iteration rebuilds only the trees of the clusters that changed."""
-
-    z: dict
-    clusters: Any
-    log_joint: jax.Array
-    num_clusters: jax.Array
-    rng_key: jax.Array
-    chain_id: jax.Array
-    num_accepted: jax.Array
-    num_proposed: jax.Array
-    mean_log_accept: jax.Array
-    forest: Forest | None
+#: State of a :class:`TreeGuidedMCMC` chain: the fields of
+#: :class:`~jaxbnp.inference.kernels.MoveStatsState` plus ``forest``, the canonical trees of
+#: the current partition (``trees="device"``; ``None`` otherwise), kept so that the next
+#: iteration rebuilds only the trees of the clusters that changed.
+TreeGuidedState = NamedTuple(
+    "TreeGuidedState", [*MoveStatsState.__annotations__.items(), ("forest", Optional[Forest])])
 
 
 class TreeGuidedMCMC(MoveStatsKernel):
