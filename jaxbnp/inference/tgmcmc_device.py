@@ -19,6 +19,12 @@ rebuilt in place without touching the others. Fields per node: ``left``,
 ``right``, ``parent`` (``-1``: none), packed statistics, ``size``,
 ``log_lik = log P(X_c)``, ``log_h = log κ(|c|, u) + log P(X_c)``, ``log_t``.
 
+Between iterations the kernel keeps the forest in its state (:class:`Forest`,
+:func:`global_moves_forest`): only the trees of clusters whose points changed
+are rebuilt, all of them when ``u`` or a hyperparameter changed. The loops
+hold no ``scatter`` or ``sort``, so that under :func:`jaxbnp.set_cpu_loop_kernels`
+XLA:CPU compiles each of them as one kernel.
+
 Differences from the host version (both exact)
 -----------------------------------------------
 * The tree shapes are built under the current measure, family and ``u``
