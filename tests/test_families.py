@@ -211,6 +211,21 @@ def test_normal_wishart_empty_cluster_marginal_is_zero():
     np.testing.assert_allclose(np.asarray(_log_marginal(family, empty)), 0.0, atol=1e-12)
 
 
+def test_normal_wishart_tabulated_marginal_equals_the_formula():
+    """tgMCMC's trees look the count-only terms up in a table (``tabulated_log_marginal``):
+    the same values as ``log_marginal`` for every count 0..max_count, empty clusters included."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(40, 3))
+    family = bnp.NormalWishart.from_data(X)
+    stats = family.point_stats(jnp.asarray(X))
+    members = np.concatenate([np.zeros((1, 40)), np.tril(np.ones((40, 40))), rng.random((10, 40)) < 0.4])
+    unions = jax.tree.map(lambda a: jnp.einsum("kn,n...->k...", jnp.asarray(members, a.dtype), a), stats)
+    want = np.asarray(family.log_marginal(unions))
+    got = np.asarray(family.tabulated_log_marginal(40)(unions))
+    assert sorted(set(members.sum(1).astype(int))) == list(range(41))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 # ----------------------------------------------------------------------------- 3. DirichletMultinomial
 
 

@@ -108,8 +108,12 @@ def make_context(X, measure, family, u) -> TreeContext:
     u_value = jnp.asarray(0.0 if u is None else u, X.dtype)
     log_kappa = jnp.asarray(measure.log_kappa(sizes, u_value), X.dtype)
 
+    # the count-only terms from a table where the family offers one (NormalWishart)
+    tabulated = getattr(family, "tabulated_log_marginal", None)
+    marginal = family.log_marginal if tabulated is None else tabulated(n + 1)
+
     def lik(rows):
-        return family.log_marginal(unpack(rows)).astype(X.dtype)
+        return marginal(unpack(rows)).astype(X.dtype)
 
     return TreeContext(packed, log_kappa, lik)
 

@@ -364,28 +364,44 @@ class NormalWishart(Family):
 
     @staticmethod
     def _log_marginal(p, stats, m):
+        return NormalWishart._count_terms(p, stats.n, m) + NormalWishart._data_terms(p, stats, m)
+
+    @staticmethod
+    def _count_terms(p, n, m):
+        """The terms of ``log P(X_c)`` that depend on the data only through the count ``n``."""
         xp = m.xp
         d = p.psi.shape[-1]
-        # Ψ_n = Ψ + r m0 m0ᵀ + Σxxᵀ − b bᵀ / r_n with b = r m0 + Σx (= r_n m_n): the
-        # posterior scale of _posterior_of, with the terms of the prior alone gathered
-        n = stats.n
-        rn = p.r + n
-        nun = p.nu + n
-        b = p.r * p.m0 + stats.sum_x
-        psi_prior = m.constant(p, "psi_plus_r_m0_m0", lambda: p.psi + p.r * (p.m0[:, None] * p.m0[None, :]))
-        psin = psi_prior + stats.sum_xx - (b[..., :, None] * b[..., None, :]) / rn[..., None, None]
         prior = m.constant(  # the terms of the prior alone
             p, "log_marginal_prior",
             lambda: 0.5 * d * xp.log(p.r) + 0.5 * p.nu * m.logdet_pd(p.psi)
             - m.multigammaln(0.5 * p.nu, d),
         )
-        return (
-            prior
-            - 0.5 * n * d * _LOG_PI
-            - 0.5 * d * xp.log(rn)
-            - 0.5 * nun * m.logdet_pd(psin)
-            + m.multigammaln(0.5 * nun, d)
-        )
+        return prior - 0.5 * n * d * _LOG_PI - 0.5 * d * xp.log(p.r + n) + m.multigammaln(0.5 * (p.nu + n), d)
+
+    @staticmethod
+    def _data_terms(p, stats, m):
+        """``-ν_n/2 log|Ψ_n|``, with Ψ_n = Ψ + r m0 m0ᵀ + Σxxᵀ − b bᵀ / r_n and b = r m0 + Σx
+        (the posterior scale of _posterior_of, the terms of the prior alone gathered)."""
+        n = stats.n
+        rn = p.r + n
+        b = p.r * p.m0 + stats.sum_x
+        psi_prior = m.constant(p, "psi_plus_r_m0_m0", lambda: p.psi + p.r * (p.m0[:, None] * p.m0[None, :]))
+        psin = psi_prior + stats.sum_xx - (b[..., :, None] * b[..., None, :]) / rn[..., None, None]
+        return -0.5 * (p.nu + n) * m.logdet_pd(psin)
+
+    def tabulated_log_marginal(self, max_count: int):
+        """``log_marginal`` with its count-only terms (``log Γ_D(ν_n/2)``, ``log r_n``, ...)
+        looked up in a table over counts ``0..max_count``. For tree code, which
+        evaluates the marginal of many unions: ``gammaln`` is most of its cost on CPU."""
+        m = _JAX_MATH
+        dtype = jnp.result_type(float)
+        table = self._count_terms(self, jnp.arange(max_count + 1, dtype=dtype), m)
+
+        def log_marginal(stats):
+            k = jnp.clip(jnp.round(stats.n), 0, max_count).astype(jnp.int32)
+            return table[k] + self._data_terms(self, stats, m)
+
+        return log_marginal
 
     def predictive_params(self, stats):
         """``NormalWishartParams``: ``m_n``, ``Ψ_n⁻¹``, ``log|Ψ_n|``, ``r_n``, ``ν_n`` and the t normaliser."""
