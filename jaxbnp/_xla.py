@@ -26,7 +26,7 @@ def set_cpu_loop_kernels(byte_threshold: int = 1 << 26) -> None:
     each; its small-while-loop pass compiles a loop that touches at most
     ``byte_threshold`` bytes into one function instead (1 kB by default in
     XLA, so almost never). On toy (``benchmarks/tgmcmc.py`` with and without
-    ``--no-cpu-loop-kernels``) it cuts a tgMCMC iteration from 0.094 to
+    ``--no-cpu-loop-kernels``, at commit 5e58e82) it cut a tgMCMC iteration from 0.094 to
     0.059 s and a split-merge one from 0.131 to 0.044 s. The algorithm is
     unchanged; rounding can differ from a run without it.
 
