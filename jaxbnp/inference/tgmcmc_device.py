@@ -140,8 +140,8 @@ def _nonzero(mask, size: int):
     """``jnp.nonzero(mask, size=size, fill_value=0)[0]`` without a scatter.
 
     The moves contain no ``scatter`` or ``sort``, so that XLA:CPU's small
-    while-loop pass can compile their loops as single kernels (README, "CPU
-    speed"): ``jnp.nonzero`` ends in a scatter, a binary search does not.
+    while-loop pass can compile their loops as single kernels (README, "Faster
+    loops on CPU"): ``jnp.nonzero`` ends in a scatter, a binary search does not.
     """
     c = jnp.cumsum(mask.astype(jnp.int32))
     idx = jnp.searchsorted(c, jnp.arange(1, size + 1, dtype=jnp.int32), side="left", method="scan")
@@ -249,17 +249,26 @@ def build_tree(ctx: TreeContext, pool: Pool, members):
     return pool, jnp.where(count > 0, root, -1)
 
 
+def _rebuild_slots(ctx: TreeContext, pool: Pool, roots, labels, which):
+    """Rebuild in ``pool`` the canonical trees of the slots ``k`` with ``which[k]`` (the
+    clusters ``labels == k``; root ``-1`` if empty); the other slots' trees are kept."""
+
+    def body(k, carry):
+        def rebuild(carry):
+            pool, roots = carry
+            pool, root = build_tree(ctx, pool, labels == k)
+            return pool, roots.at[k].set(root)
+
+        return lax.cond(which[k], rebuild, lambda c: c, carry)
+
+    return lax.fori_loop(0, which.shape[0], body, (pool, roots))
+
+
 def build_forest(ctx: TreeContext, labels, capacity: int):
     """Canonical trees of every cluster of slot labels ``labels``: ``(pool, roots)``,
     ``roots[k]`` the root of slot ``k`` (``-1``: empty). ``n`` insertions in all."""
-    pool = empty_pool(ctx)
-
-    def build(k, carry):
-        pool, roots = carry
-        pool, root = build_tree(ctx, pool, labels == k)
-        return pool, roots.at[k].set(root)
-
-    return lax.fori_loop(0, capacity, build, (pool, -jnp.ones(capacity, jnp.int32)))
+    occupied = jnp.any(labels[:, None] == jnp.arange(capacity), axis=0)
+    return _rebuild_slots(ctx, empty_pool(ctx), -jnp.ones(capacity, jnp.int32), labels, occupied)
 
 
 def root_of(pool: Pool):
@@ -704,18 +713,9 @@ def refresh_forest(ctx: TreeContext, forest: Forest, labels, params):
     slots = jnp.arange(capacity)
     moved = labels != forest.labels
     changed = jnp.any(moved[:, None] & ((labels[:, None] == slots) | (forest.labels[:, None] == slots)), axis=0)
-    changed = changed | ~same
-    pool = jax.tree.map(lambda a, b: jnp.where(same, a, b), forest.pool, empty_pool(ctx))
-
-    def body(k, carry):
-        def rebuild(carry):
-            pool, roots = carry
-            pool, r = build_tree(ctx, pool, labels == k)
-            return pool, roots.at[k].set(r)
-
-        return lax.cond(changed[k], rebuild, lambda c: c, carry)
-
-    return lax.fori_loop(0, capacity, body, (pool, forest.roots))
+    # new parameters: the leaves' potentials change too, so start from fresh leaves
+    pool = lax.cond(same, lambda: forest.pool, lambda: empty_pool(ctx))
+    return _rebuild_slots(ctx, pool, forest.roots, labels, changed | ~same)
 
 
 @functools.partial(jax.jit, static_argnames=("num_moves", "max_parts", "early_rejection"))
