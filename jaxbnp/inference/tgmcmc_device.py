@@ -155,23 +155,35 @@ def _union_h1(ctx, pool, a, s):
     return lik, ctx.log_kappa[pool.size[a] + pool.size[s]] + lik
 
 
-def seq_insert(ctx: TreeContext, pool: Pool, root, s, top_lik, top_h, slot):
+def seq_insert(ctx: TreeContext, pool: Pool, root, s, top_lik, top_h, slot, do=True):
     """SeqInsert(root, s) (``ibhc.seq_insert``: the same comparisons and ties) creating node ``slot``.
 
-    ``top_lik``, ``top_h``: the potentials of ``root ∪ s``. Returns ``(pool, new_root)``.
+    ``root`` is the root of a tree and ``s`` that of another (or a leaf); ``top_lik``,
+    ``top_h``: the potentials of ``root ∪ s``. Returns ``(pool, new_root)``.
+    ``do = False`` (traced) inserts nothing and returns ``(pool, s)``; it writes only
+    into node ``slot``'s own fields, which must then be unused (no node points to it).
+
+    Written so that XLA:CPU updates the pool in place: the writes never read the
+    arrays they write (the parent of the node ``s`` goes on top of, and which child
+    it is, come from the descent), and each depends on the descent's result, so it
+    is ordered after the loop that reads the arrays. Otherwise XLA copies the pool's
+    arrays on every insertion (most of an insertion's time).
     """
     n = ctx.points.shape[0]
     dtype = pool.log_t.dtype
     root, s = jnp.asarray(root, jnp.int32), jnp.asarray(s, jnp.int32)
+    do = jnp.asarray(do, bool)
     s_t = pool.log_t[s]
     s_stats, s_size = pool.stats[s], pool.size[s]
+    p_root = pool.parent[root]
+    root_is_left = pool.left[jnp.maximum(p_root, 0)] == root
 
     def cond(c):
         node, done = c[0], c[-1]
         return (~done) & (pool.left[node] >= 0)
 
     def body(c):
-        node, cur_lik, cur_h, depth, path, path_lik, path_h, _ = c
+        node, cur_lik, cur_h, depth, path, path_lik, path_h, up, is_left, _ = c
         l, r = pool.left[node], pool.right[node]
         # scalar indexing: a gather with an index vector is several times slower on CPU
         liks = ctx.lik(jnp.stack([pool.stats[l] + s_stats, pool.stats[r] + s_stats]))
@@ -190,20 +202,22 @@ def seq_insert(ctx: TreeContext, pool: Pool, root, s, top_lik, top_h, slot):
             jnp.where(stop, cur_lik, jnp.where(go_left, liks[0], liks[1])),
             jnp.where(stop, cur_h, jnp.where(go_left, hs[0], hs[1])),
             jnp.where(stop, depth, depth + 1),
-            path, path_lik, path_h, stop,
+            path, path_lik, path_h,
+            jnp.where(stop, up, node),  # the parent of the next node
+            jnp.where(stop, is_left, go_left),  # whether the next node is its left child
+            stop,
         )
 
     init = (root, top_lik, top_h, jnp.int32(0), jnp.zeros(n + 1, jnp.int32),
-            jnp.zeros(n + 1, dtype), jnp.zeros(n + 1, dtype), jnp.bool_(False))
-    node, cur_lik, cur_h, depth, path, path_lik, path_h, _ = lax.while_loop(cond, body, init)
+            jnp.zeros(n + 1, dtype), jnp.zeros(n + 1, dtype), p_root, root_is_left, ~do)
+    node, cur_lik, cur_h, depth, path, path_lik, path_h, p, is_left, _ = lax.while_loop(cond, body, init)
+    depth = jnp.where(do, depth, 0)
     j = jnp.asarray(slot, jnp.int32)
-    p = pool.parent[node]
-    pp = jnp.maximum(p, 0)
-    left = pool.left.at[j].set(node)
-    right = pool.right.at[j].set(s)
-    left = left.at[pp].set(jnp.where((p >= 0) & (pool.left[pp] == node), j, left[pp]))
-    right = right.at[pp].set(jnp.where((p >= 0) & (pool.right[pp] == node), j, right[pp]))
-    parent = pool.parent.at[j].set(p).at[node].set(j).at[s].set(j)
+    # with do = False every write below goes to slot j
+    hook = do & (p >= 0)
+    left = pool.left.at[jnp.where(hook & is_left, p, j)].set(j).at[j].set(node)
+    right = pool.right.at[jnp.where(hook & ~is_left, p, j)].set(j).at[j].set(s)
+    parent = pool.parent.at[j].set(p).at[jnp.where(do, node, j)].set(j).at[jnp.where(do, s, j)].set(j)
     stats = pool.stats.at[j].set(pool.stats[node] + s_stats)
     size = pool.size.at[j].set(pool.size[node] + s_size)
     log_lik = pool.log_lik.at[j].set(cur_lik)
@@ -222,7 +236,7 @@ def seq_insert(ctx: TreeContext, pool: Pool, root, s, top_lik, top_h, slot):
         return stats, size, log_lik, log_h, log_t
 
     stats, size, log_lik, log_h, log_t = lax.fori_loop(0, depth, update, (stats, size, log_lik, log_h, log_t))
-    new_root = jnp.where(depth > 0, path[0], j)
+    new_root = jnp.where(do, jnp.where(depth > 0, path[0], j), s)
     return Pool(left, right, parent, stats, size, log_lik, log_h, log_t), new_root
 
 
@@ -378,18 +392,14 @@ def _cut_and_insert(ctx, pool, v, key, part_of_node, max_parts: int):
         overflow = overflow | (new & (num >= max_parts))
         target = jnp.minimum(choice, max_parts - 1)
 
-        def join(pool):
-            return seq_insert(ctx, pool, S[target], q, liks[target], hs[target], destroyed[k])
-
-        def apart(pool):
-            return pool, q
-
-        pool, new_root = lax.cond(new, apart, join, pool)
+        pool, new_root = seq_insert(ctx, pool, S[target], q, liks[target], hs[target], destroyed[k], ~new)
         slot = jnp.where(new, jnp.minimum(num, max_parts - 1), target)
         keep = new & overflow
         S = S.at[slot].set(jnp.where(keep, S[slot], new_root))
-        S_stats = S_stats.at[slot].set(jnp.where(keep, S_stats[slot], jnp.where(new, 0.0, S_stats[slot]) + q_stats))
-        S_size = S_size.at[slot].set(jnp.where(keep, S_size[slot], jnp.where(new, 0, S_size[slot]) + q_size))
+        # read back from the pool after the insertion (``q``'s own row was read before
+        # it; reading it again here would keep XLA from updating the pool in place)
+        S_stats = S_stats.at[slot].set(jnp.where(keep, S_stats[slot], pool.stats[new_root]))
+        S_size = S_size.at[slot].set(jnp.where(keep, S_size[slot], pool.size[new_root]))
         S_t = S_t.at[slot].set(jnp.where(keep, S_t[slot], pool.log_t[new_root]))
         if part_of_node is not None:
             S_part = S_part.at[slot].set(jnp.where(new & ~overflow, part_of_node[q], S_part[slot]))
