@@ -285,49 +285,65 @@ def build_forest(ctx: TreeContext, labels, capacity: int):
     return _rebuild_slots(ctx, empty_pool(ctx), -jnp.ones(capacity, jnp.int32), labels, occupied)
 
 
-def root_of(pool: Pool):
-    """The root of every node reachable from a live leaf (pointer doubling)."""
-    num = pool.parent.shape[0]
-    anc = jnp.where(pool.parent < 0, jnp.arange(num), pool.parent)
-    for _ in range(max(1, (num - 1).bit_length())):
-        anc = anc[anc]
-    return anc
-
-
 def _preorder(pool: Pool, root):
-    """Nodes of the tree at ``root`` in pre-order (parents first): ``(order, count)``."""
+    """Nodes of the tree at ``root`` in pre-order (parents first, left before right):
+    ``(order, count, log_d)``, with ``log_d`` the ``log d`` of each internal node of
+    ``order`` (``-inf`` for leaves and padding), SampleSub's weights.
+
+    Stackless: from a leaf it climbs to the first ancestor it reached from the
+    left and goes right. The loop writes only its outputs, so XLA:CPU runs it
+    without copying anything (a stack array was copied twice a node).
+    """
     num = pool.parent.shape[0]
+    dtype = pool.log_t.dtype
 
     def cond(c):
-        return c[3] > 0
+        return c[2] >= 0
 
     def body(c):
-        order, count, stack, top = c
-        v = stack[top - 1]
+        order, log_d, v, count = c
+        l, r = pool.left[v], pool.right[v]
+        internal = l >= 0
         order = order.at[count].set(v)
-        internal = pool.left[v] >= 0
-        stack = stack.at[top - 1].set(jnp.where(internal, pool.right[v], v))
-        stack = stack.at[top].set(pool.left[v])
-        top = jnp.where(internal, top + 1, top - 1)
-        return order, count + 1, stack, top
+        d = pool.log_t[jnp.maximum(l, 0)] + pool.log_t[jnp.maximum(r, 0)] - pool.log_h[v]
+        log_d = log_d.at[count].set(jnp.where(internal, d, -jnp.inf))
 
-    init = (jnp.zeros(num, jnp.int32), jnp.int32(0), jnp.zeros(num + 1, jnp.int32).at[0].set(root),
-            jnp.int32(1))
-    order, count, _, _ = lax.while_loop(cond, body, init)
-    return order, count
+        def up_cond(u):
+            return (~internal) & (u != root) & (pool.right[pool.parent[u]] == u)
+
+        u = lax.while_loop(up_cond, lambda u: pool.parent[u], v)
+        after_leaf = jnp.where(u == root, -1, pool.right[jnp.maximum(pool.parent[u], 0)])
+        return order, log_d, jnp.where(internal, l, after_leaf), count + 1
+
+    init = (jnp.zeros(num, jnp.int32), jnp.full(num, -jnp.inf, dtype), jnp.asarray(root, jnp.int32),
+            jnp.int32(0))
+    order, log_d, _, count = lax.while_loop(cond, body, init)
+    return order, count, log_d
 
 
-def _sample_sub_log_probs(pool: Pool, order, count):
+def _sample_sub_log_probs(log_d):
     """SampleSub over the internal nodes of a tree (``ibhc.sample_sub(internal_only=True)``):
-    ``log`` probability per entry of ``order`` (``-inf`` for leaves and padding)."""
-    num = order.shape[0]
-    v = order
-    valid = (jnp.arange(num) < count) & (pool.left[v] >= 0)
-    log_d = pool.log_t[pool.left[v]] + pool.log_t[pool.right[v]] - pool.log_h[v]
-    log_d = jnp.where(valid, log_d, -jnp.inf)
+    ``log`` probability per entry of ``_preorder``'s order, from its ``log_d``
+    (``-inf`` for leaves and padding)."""
+    valid = log_d > -jnp.inf
     log_eps = jnp.max(log_d)
     log_w = jnp.where(valid, jnp.logaddexp(log_d, log_eps), -jnp.inf)
     return log_w - jax.nn.logsumexp(log_w)
+
+
+def _inherit_parts(pool: Pool, order, count, part_of_node):
+    """``part_of_node`` (``-1``: unset) passed down the tree in ``order`` (pre-order) to
+    every node below a node that has a part."""
+
+    def body(i, part):
+        u = order[i]
+        a, b = pool.left[u], pool.right[u]
+        internal = a >= 0
+        a, b = jnp.maximum(a, 0), jnp.maximum(b, 0)
+        part = part.at[a].set(jnp.where(internal & (part[a] < 0), part[u], part[a]))
+        return part.at[b].set(jnp.where(internal & (part[b] < 0), part[u], part[b]))
+
+    return lax.fori_loop(0, count, body, part_of_node)
 
 
 # ----------------------------------------------------------------------------- cut + StocInsert
@@ -338,7 +354,9 @@ def _cut_and_insert(ctx, pool, v, key, part_of_node, max_parts: int):
     ``(2n,)`` array giving each subtree's part, and the choices are forced (a
     subtree joins the tree of its part or starts it). Node slots of the destroyed
     nodes (``v`` and its ancestors) are reused for the insertions.
-    Returns ``(pool, S, num_parts, log_prob, overflow)``; ``S`` ``(max_parts,)`` roots.
+    Returns ``(pool, S, num_parts, log_prob, overflow, part_of_root)``; ``S``
+    ``(max_parts,)`` roots; ``part_of_root`` ``(2n,)``: the part (index into ``S``) of
+    each subtree the cut made (``-1`` elsewhere; :func:`_inherit_parts` passes it down).
     """
     n = ctx.points.shape[0]
     dtype = pool.log_t.dtype
@@ -372,7 +390,7 @@ def _cut_and_insert(ctx, pool, v, key, part_of_node, max_parts: int):
     S_t = jnp.zeros(max_parts, dtype).at[0].set(pool.log_t[l]).at[1].set(pool.log_t[r])
 
     def insert(k, c):
-        pool, S, S_part, S_stats, S_size, S_t, num, log_p, overflow, key = c
+        pool, S, S_part, S_stats, S_size, S_t, num, log_p, overflow, key, part_of_root = c
         q = Q[k]
         in_s = jnp.arange(max_parts) < num
         q_stats, q_size, q_t = pool.stats[q], pool.size[q], pool.log_t[q]
@@ -404,11 +422,14 @@ def _cut_and_insert(ctx, pool, v, key, part_of_node, max_parts: int):
         if part_of_node is not None:
             S_part = S_part.at[slot].set(jnp.where(new & ~overflow, part_of_node[q], S_part[slot]))
         num = jnp.where(new & ~overflow, num + 1, num)
-        return pool, S, S_part, S_stats, S_size, S_t, num, log_p, overflow, key
+        part_of_root = part_of_root.at[q].set(slot.astype(jnp.int32))
+        return pool, S, S_part, S_stats, S_size, S_t, num, log_p, overflow, key, part_of_root
 
-    init = (pool, S, S_part, S_stats, S_size, S_t, jnp.int32(2), jnp.zeros((), dtype), jnp.bool_(False), key)
-    pool, S, S_part, _, _, _, num, log_p, overflow, _ = lax.fori_loop(0, nq, insert, init)
-    return pool, S, num, log_p, overflow
+    part_of_root = jnp.full(2 * n, -1, jnp.int32).at[l].set(0).at[r].set(1)
+    init = (pool, S, S_part, S_stats, S_size, S_t, jnp.int32(2), jnp.zeros((), dtype), jnp.bool_(False), key,
+            part_of_root)
+    pool, S, S_part, _, _, _, num, log_p, overflow, _, part_of_root = lax.fori_loop(0, nq, insert, init)
+    return pool, S, num, log_p, overflow, part_of_root
 
 
 def _subtree_parts(pool, order, count, part_of_leaf):
@@ -439,8 +460,8 @@ def split_log_prob(ctx: TreeContext, pool: Pool, root, part_of_leaf, max_parts: 
     Summed over every internal node whose cut, with forced insertions, yields
     it; ``known_node``'s term is ``known_log_prob`` (the proposal's own path).
     """
-    order, count = _preorder(pool, root)
-    log_p = _sample_sub_log_probs(pool, order, count)
+    order, count, log_d = _preorder(pool, root)
+    log_p = _sample_sub_log_probs(log_d)
     part = _subtree_parts(pool, order, count, part_of_leaf)
     num = order.shape[0]
 
@@ -465,7 +486,7 @@ def split_log_prob(ctx: TreeContext, pool: Pool, root, part_of_leaf, max_parts: 
         node = order[idx[k]]
 
         def replay(_):
-            _, _, _, log_ins, _ = _cut_and_insert(ctx, pool, node, jax.random.key(0), part, max_parts)
+            log_ins = _cut_and_insert(ctx, pool, node, jax.random.key(0), part, max_parts)[3]
             return log_p[idx[k]] + log_ins
 
         t = lax.cond(node == known_node, lambda _: jnp.asarray(known_log_prob, acc.dtype), replay, None)
@@ -577,19 +598,18 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
 
     def split(_):
         root = roots[c]
-        order, count = _preorder(pool, root)
-        log_p = _sample_sub_log_probs(pool, order, count)
+        order, count, log_d = _preorder(pool, root)
+        log_p = _sample_sub_log_probs(log_d)
         j = jax.random.categorical(k_sub, log_p)
         v = order[j]
-        pool1, S, num, log_ins, overflow = _cut_and_insert(ctx, pool, v, k_ins, None, max_parts)
+        pool1, S, num, log_ins, overflow, part_of_root = _cut_and_insert(ctx, pool, v, k_ins, None, max_parts)
         log_path = log_p[j] + log_ins
         select = _log_select_alone(log_d_c, active, c)
         delta = jnp.sum(jnp.where(parts < num, pool1.log_h[S], 0.0)) - log_h[c]
-        # the part of every point of c: which new root it hangs under
-        anc = root_of(pool1)[:n]
+        # the part of every point of c: the part of the cut-off subtree above it
         in_c = labels == c
-        match = anc[:, None] == jnp.where(parts < num, S, -5)[None, :]
-        part_of_leaf = jnp.where(in_c, jnp.argmax(match, axis=1), 0).astype(jnp.int32)
+        part = _inherit_parts(pool, order, count, part_of_root)
+        part_of_leaf = jnp.where(in_c, part[:n], 0).astype(jnp.int32)
         free = ~active
         # new slots: part 0 keeps c's slot, parts 1.. take the first free slots
         free_slots = _nonzero(free, capacity)

@@ -101,7 +101,7 @@ def _trees(pool, roots):
     for k, r in enumerate(np.asarray(roots)):
         if r < 0:
             continue
-        order, count = tgmcmc_device._preorder(pool, int(r))
+        order, count, _ = tgmcmc_device._preorder(pool, int(r))
         out[k] = [(int(v), int(pool.left[v]), int(pool.right[v]), int(pool.size[v]), float(pool.log_h[v]),
                    float(pool.log_t[v])) for v in np.asarray(order)[: int(count)]]
     return out
@@ -142,3 +142,32 @@ def test_kept_forest_gives_the_draws_and_trees_of_a_fresh_build():
         for k in want:  # the same shapes; potentials equal to rounding (separately compiled programs)
             assert [t[:4] for t in got[k]] == [t[:4] for t in want[k]]
             np.testing.assert_allclose([t[4:] for t in got[k]], [t[4:] for t in want[k]], rtol=1e-12)
+
+
+def test_preorder_matches_a_recursive_walk():
+    """The stackless ``_preorder``: parents first, left before right, every node of the
+    tree once, and SampleSub's ``log d`` beside each internal node (a one-point tree too)."""
+    n = 30
+    X = _gaussian_data(n, dim=2, seed=11)
+    labels = np.array([0] * 12 + [1] * 9 + [2] * 8 + [3], np.int32)[np.random.default_rng(0).permutation(n)]
+    ctx = tgmcmc_device.make_context(X, NGGP, NW, 2.5)
+    pool, roots = tgmcmc_device.build_forest(ctx, labels, 6)
+    left, right = np.asarray(pool.left), np.asarray(pool.right)
+    log_t, log_h = np.asarray(pool.log_t), np.asarray(pool.log_h)
+
+    def walk(v):
+        return [v] + (walk(left[v]) + walk(right[v]) if left[v] >= 0 else [])
+
+    for k in range(4):
+        r = int(roots[k])
+        order, count, log_d = tgmcmc_device._preorder(pool, r)
+        want = walk(r)
+        assert int(count) == len(want) == 2 * np.sum(labels == k) - 1
+        np.testing.assert_array_equal(np.asarray(order)[: len(want)], want)
+        d = np.asarray(log_d)
+        for i, v in enumerate(want):
+            if left[v] >= 0:
+                np.testing.assert_allclose(d[i], log_t[left[v]] + log_t[right[v]] - log_h[v], rtol=1e-12)
+            else:
+                assert np.isneginf(d[i])
+        assert np.all(np.isneginf(d[len(want):]))
