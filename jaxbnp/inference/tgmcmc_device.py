@@ -331,19 +331,29 @@ def _sample_sub_log_probs(log_d):
     return log_w - jax.nn.logsumexp(log_w)
 
 
+def _draw_index(key, log_p):
+    """An index drawn with probabilities ``exp(log_p)`` (``-inf``: never) by inverting
+    their cumulative sum at one uniform, as ``jax.random.choice`` does. For long
+    arrays it is much cheaper than ``jax.random.categorical``, which draws a Gumbel
+    variate per entry (0.13 ms for SampleSub's ``2n`` entries on toy)."""
+    cdf = jnp.cumsum(jnp.exp(log_p))
+    u = jax.random.uniform(key, dtype=cdf.dtype) * cdf[-1]
+    j = jnp.sum(cdf <= u).astype(jnp.int32)  # the first entry with cdf > u: p > 0 there
+    last = log_p.shape[0] - 1 - jnp.argmax(jnp.flip(log_p > -jnp.inf)).astype(jnp.int32)
+    return jnp.minimum(j, last)  # u rounded up to the total
+
+
 def _inherit_parts(pool: Pool, order, count, part_of_node):
-    """``part_of_node`` (``-1``: unset) passed down the tree in ``order`` (pre-order) to
-    every node below a node that has a part."""
+    """``part_of_node`` (``-1``: unset) passed down the tree in ``order`` (pre-order,
+    ``order[0]`` its root) to every node below a node that has a part."""
 
     def body(i, part):
-        u = order[i]
-        a, b = pool.left[u], pool.right[u]
-        internal = a >= 0
-        a, b = jnp.maximum(a, 0), jnp.maximum(b, 0)
-        part = part.at[a].set(jnp.where(internal & (part[a] < 0), part[u], part[a]))
-        return part.at[b].set(jnp.where(internal & (part[b] < 0), part[u], part[b]))
+        # each node takes its parent's part (one write per step: XLA:CPU then writes
+        # in place; two writes per step made it copy the array)
+        v = order[i]
+        return part.at[v].set(jnp.where(part[v] < 0, part[pool.parent[v]], part[v]))
 
-    return lax.fori_loop(0, count, body, part_of_node)
+    return lax.fori_loop(1, count, body, part_of_node)
 
 
 # ----------------------------------------------------------------------------- cut + StocInsert
@@ -600,7 +610,7 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
         root = roots[c]
         order, count, log_d = _preorder(pool, root)
         log_p = _sample_sub_log_probs(log_d)
-        j = jax.random.categorical(k_sub, log_p)
+        j = _draw_index(k_sub, log_p)
         v = order[j]
         pool1, S, num, log_ins, overflow, part_of_root = _cut_and_insert(ctx, pool, v, k_ins, None, max_parts)
         log_path = log_p[j] + log_ins
