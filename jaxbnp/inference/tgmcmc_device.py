@@ -475,16 +475,15 @@ def split_log_prob(ctx: TreeContext, pool: Pool, root, part_of_leaf, max_parts: 
     part = _subtree_parts(pool, order, count, part_of_leaf)
     num = order.shape[0]
 
-    # ok[v]: every subtree hanging off v's ancestors lies in one part (pre-order pass)
+    # ok[v]: every subtree hanging off v's ancestors lies in one part (pre-order pass;
+    # each node reads its parent's, one write a step so that XLA writes in place)
     def ok_body(i, ok):
         v = order[i]
-        internal = pool.left[v] >= 0
-        a, b = jnp.maximum(pool.left[v], 0), jnp.maximum(pool.right[v], 0)
-        ok_a = jnp.where(internal, ok[v] & (part[b] >= 0), ok[a])
-        ok_b = jnp.where(internal, ok[v] & (part[a] >= 0), ok[b])
-        return ok.at[a].set(ok_a).at[b].set(ok_b)
+        p = pool.parent[v]
+        sib = jnp.where(pool.left[p] == v, pool.right[p], pool.left[p])
+        return ok.at[v].set(ok[p] & (part[sib] >= 0))
 
-    ok = lax.fori_loop(0, count, ok_body, jnp.zeros(num, bool).at[root].set(True))
+    ok = lax.fori_loop(1, count, ok_body, jnp.zeros(num, bool).at[root].set(True))
     v = order
     pl, pr = part[jnp.maximum(pool.left[v], 0)], part[jnp.maximum(pool.right[v], 0)]
     valid = ((jnp.arange(num) < count) & (pool.left[v] >= 0) & ok[v] & (pl >= 0) & (pr >= 0)
