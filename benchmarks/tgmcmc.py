@@ -674,7 +674,8 @@ def main(argv=None):
     ap.add_argument("--max-iterations", type=int, help="also stop a run after this many iterations")
     ap.add_argument("--warmup-steps", type=int, default=1,
                     help="untimed steps on a throwaway chain after compiling (per data set, measure, sampler)")
-    ap.add_argument("--capacity-toy", type=int, default=128)
+    ap.add_argument("--capacity-toy", type=int, default=64,
+                    help="cluster slots on toy (the most clusters any toy run has used is 34)")
     ap.add_argument("--capacity-10k", type=int, default=256)
     ap.add_argument("--sm-moves", type=int, default=20, help="split-merge moves per SM iteration")
     ap.add_argument("--sm-restricted-scans", type=int, default=5)
