@@ -23,7 +23,10 @@ Between iterations the kernel keeps the forest in its state (:class:`Forest`,
 :func:`global_moves_forest`): only the trees of clusters whose points changed
 are rebuilt, all of them when ``u`` or a hyperparameter changed. The loops
 hold no ``scatter`` or ``sort``, so that under :func:`jaxbnp.set_cpu_loop_kernels`
-XLA:CPU compiles each of them as one kernel.
+XLA:CPU compiles each of them as one kernel, and their writes are arranged so that
+XLA updates the node arrays in place rather than copying them each step (a write
+must not read the array it writes, and must depend on any loop that reads that
+array: :func:`seq_insert`, :func:`_inherit_parts`).
 
 Differences from the host version (both exact)
 -----------------------------------------------
