@@ -406,24 +406,33 @@ def _cut_and_insert(ctx, pool, v, key, part_of_node, max_parts: int):
         pool, S, S_part, S_stats, S_size, S_t, num, log_p, overflow, key, part_of_root = c
         q = Q[k]
         in_s = jnp.arange(max_parts) < num
-        q_stats, q_size, q_t = pool.stats[q], pool.size[q], pool.log_t[q]
-        liks = ctx.lik(S_stats + q_stats)
-        hs = ctx.log_kappa[jnp.minimum(S_size + q_size, ctx.log_kappa.shape[0] - 1)] + liks
-        log_d = q_t + S_t - hs
-        log_w = jnp.concatenate([jnp.where(in_s, -log_d, -jnp.inf), jnp.zeros(1, dtype)])
-        log_w = log_w - jax.nn.logsumexp(log_w)
+
+        def weights(pool):
+            """Potentials of ``q`` joined to each tree of ``S``, and StocInsert's ``log`` weights."""
+            liks = ctx.lik(S_stats + pool.stats[q])
+            hs = ctx.log_kappa[jnp.minimum(S_size + pool.size[q], ctx.log_kappa.shape[0] - 1)] + liks
+            log_d = pool.log_t[q] + S_t - hs
+            log_w = jnp.concatenate([jnp.where(in_s, -log_d, -jnp.inf), jnp.zeros(1, dtype)])
+            return liks, hs, log_w - jax.nn.logsumexp(log_w)
+
+        liks, hs, log_w = weights(pool)
         key, sub = jax.random.split(key)
         if part_of_node is None:
             choice = jax.random.categorical(sub, log_w)
         else:
             match = in_s & (S_part == part_of_node[q])
             choice = jnp.where(jnp.any(match), jnp.argmax(match), max_parts)
-        log_p = log_p + log_w[choice]
         new = choice == max_parts
         overflow = overflow | (new & (num >= max_parts))
         target = jnp.minimum(choice, max_parts - 1)
 
         pool, new_root = seq_insert(ctx, pool, S[target], q, liks[target], hs[target], destroyed[k], ~new)
+        if part_of_node is not None:
+            # A forced choice does not depend on the weights, so XLA could read the old
+            # pool for them after seq_insert's writes and would copy the pool every step;
+            # they are read from the new pool instead (``q``'s own row is unchanged).
+            log_w = weights(pool)[2]
+        log_p = log_p + log_w[choice]
         slot = jnp.where(new, jnp.minimum(num, max_parts - 1), target)
         keep = new & overflow
         S = S.at[slot].set(jnp.where(keep, S[slot], new_root))
