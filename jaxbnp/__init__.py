@@ -8,20 +8,43 @@ in float64.
 from . import datasets
 from ._xla import set_cpu_loop_kernels
 from .inference import (
-    CapacityError, ClusterState, CollapsedGibbs, SplitMerge, TreeGuidedMCMC, collapsed_gibbs_fn,
+    BHMCFit,
+    CapacityError,
+    ClusterState,
+    CollapsedGibbs,
+    CollapsedGibbsState,
+    DDTFit,
+    DiffusionTreeMCMC,
+    PopulationDDT,
+    SplitMerge,
+    TreeGuidedMCMC,
+    collapsed_gibbs_fn,
+    fit_bhmc,
+    fit_ddt,
 )
 from .models import (
     DP,
     NGGP,
     AuxiliaryU,
     BetaBernoulli,
+    BrownianLeaves,
     ConjugateMixture,
+    DiffusionTree,
     DirichletMultinomial,
+    Family,
+    Measure,
+    NestedCRP,
+    NestedHDP,
     NormalGamma,
     NormalWishart,
     Partition,
     PitmanYor,
+    Tree,
+    cut_tree,
     log_joint,
+    nested_hdp_model,
+    path_log_prior,
+    to_linkage,
 )
 
 __version__ = "0.1.0"
@@ -30,6 +53,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "DirichletProcessMixture": ("jaxbnp.estimators", "DirichletProcessMixture"),
     "MAPDP": ("jaxbnp.estimators", "MAPDP"),
+    "select_alpha": ("jaxbnp.estimators", "select_alpha"),
+    "SingleClusterWarning": ("jaxbnp.estimators", "SingleClusterWarning"),
+    "NotFittedError": ("jaxbnp.estimators", "NotFittedError"),
+    "fit_mapdp_chunked": ("jaxbnp.distributed", "fit_mapdp_chunked"),
+    "distributed": ("jaxbnp.distributed", None),
     "metrics": ("jaxbnp.metrics", None),
     "diagnostics": ("jaxbnp.diagnostics", None),
     "checkpoint": ("jaxbnp.checkpoint", None),
@@ -49,9 +77,24 @@ def __getattr__(name: str):
 
 __all__ = [
     "datasets", "set_cpu_loop_kernels",
-    "DP", "NGGP", "PitmanYor",
-    "NormalGamma", "NormalWishart", "DirichletMultinomial", "BetaBernoulli",
+    # random measures and conjugate families
+    "DP", "NGGP", "PitmanYor", "Measure",
+    "NormalGamma", "NormalWishart", "DirichletMultinomial", "BetaBernoulli", "Family",
+    # models (NumPyro distributions and programs)
     "Partition", "ConjugateMixture", "AuxiliaryU", "log_joint",
-    "CollapsedGibbs", "SplitMerge", "TreeGuidedMCMC", "collapsed_gibbs_fn", "ClusterState", "CapacityError",
-    "DirichletProcessMixture", "MAPDP", "metrics", "diagnostics", "checkpoint", "estimators", "plot",
+    "DiffusionTree", "BrownianLeaves", "Tree", "cut_tree", "to_linkage",
+    "NestedCRP", "NestedHDP", "nested_hdp_model", "path_log_prior",
+    # kernels (NumPyro MCMCKernels)
+    "CollapsedGibbs", "CollapsedGibbsState", "SplitMerge", "TreeGuidedMCMC", "collapsed_gibbs_fn",
+    "DiffusionTreeMCMC", "PopulationDDT",
+    "ClusterState", "CapacityError",
+    # estimators and fitting functions
+    "DirichletProcessMixture", "MAPDP", "select_alpha", "SingleClusterWarning", "NotFittedError",
+    "fit_ddt", "DDTFit", "fit_bhmc", "BHMCFit", "fit_mapdp_chunked",
+    # modules
+    "metrics", "diagnostics", "checkpoint", "estimators", "plot", "distributed",
 ]
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
