@@ -3,6 +3,14 @@
 ``jaxbnp cluster`` clusters the embedded default data set (``toy_ring``:
 1,300 points in 2-D, 13 clusters) or a ``.csv``/``.npy`` file, prints a
 summary and writes labels, a JSON summary and plots to ``--out``.
+
+Each method has its own default run length (:data:`METHOD_DEFAULTS`); the
+options override them. Chains run on separate CPU cores when there are
+several (``chain_method="parallel"`` over host devices, which gives the same
+draws as vectorised chains). The methods whose cost grows fast with ``n``
+(``ddt``: O(n^2) per sweep; ``bhmc``) fit a random subsample of
+``--max-points`` points when the data are larger, say so before they start,
+and label the other points by their nearest fitted point.
 """
 
 from __future__ import annotations
@@ -17,7 +25,21 @@ import numpy as np
 
 __all__ = ["main"]
 
-METHODS = ("gibbs", "splitmerge", "tgmcmc", "mapdp", "ddt", "bhmc")
+METHODS = ("splitmerge", "gibbs", "tgmcmc", "mapdp", "ddt", "bhmc")
+DEFAULT_METHOD = "splitmerge"
+
+#: each method's defaults for the options left unset (chosen so that every method runs on
+#: the embedded 1,300 points in well under a minute on a 2-core CPU, compilation included)
+METHOD_DEFAULTS = {
+    "splitmerge": dict(chains=2, warmup=50, samples=100, capacity=32, split_merge_moves=5),
+    "gibbs": dict(chains=2, warmup=100, samples=200, capacity=32),
+    "tgmcmc": dict(chains=2, warmup=30, samples=70, capacity=32),
+    "mapdp": dict(chains=1),
+    "ddt": dict(chains=4, warmup=40, samples=60, max_points=100),
+    "bhmc": dict(chains=2, warmup=40, samples=60, max_points=500),
+}
+_GENERIC_DEFAULTS = dict(chains=2, warmup=100, samples=200, capacity=32, split_merge_moves=10,
+                         max_points=0)
 
 
 def _load(path: str | None, labels_path: str | None):
@@ -65,14 +87,15 @@ def _run_gibbs(X, family, alpha, args):
 
     from . import checkpoint as checkpointing
     from . import models
-    from ._progress import resolve as resolve_progress
-    from .inference import CollapsedGibbs, SplitMerge, TreeGuidedMCMC
+    from .inference import CapacityError, CollapsedGibbs, SplitMerge, TreeGuidedMCMC
 
     def model(X):
         z = numpyro.sample("z", models.Partition(models.DP(alpha), X.shape[0]))
         numpyro.sample("X", models.ConjugateMixture(family, z), obs=X)
 
     capacity = args.capacity
+    if args.method in ("gibbs", "splitmerge") and args.init == "kmeans":
+        capacity = max(capacity, min(args.init_clusters + 12, len(X)))  # free slots to split into
     checkpoint = Path(args.out) / "checkpoint.pkl"
     settings_file = Path(args.out) / "checkpoint_settings.json"
     if args.resume:
@@ -93,15 +116,19 @@ def _run_gibbs(X, family, alpha, args):
                                     init=args.tgmcmc_init, capacity=capacity)
         else:
             kernel = CollapsedGibbs(model, capacity=capacity)
+        # the overflow flag stays in the state and is checked below, so that the sampling
+        # program has no host callback and JAX's persistent compilation cache can keep it
+        kernel.host_overflow_check = False
         mcmc = MCMC(
             kernel,
             num_warmup=args.warmup,
             num_samples=args.samples,
             num_chains=args.chains,
-            chain_method="vectorized",
-            progress_bar=resolve_progress(args.progress),
+            chain_method=_chain_method(args.chains),
+            progress_bar=_bar(args),
         )
         fields = ("log_joint", "num_clusters")
+        heartbeat = _heartbeat(args, f"{args.method}: compiling and sampling")
         try:
             if args.resume:
                 source = checkpointing.resume(mcmc, checkpoint, X, num_samples=args.samples,
@@ -112,13 +139,20 @@ def _run_gibbs(X, family, alpha, args):
                 source = checkpointing.run_with_checkpoints(
                     mcmc, jax.random.key(args.seed), X, path=checkpoint,
                     every=args.checkpoint_every, extra_fields=fields,
+                    init_params=_initial_partition(args, X, capacity),
                 )
             else:
-                mcmc.run(jax.random.key(args.seed), X, extra_fields=fields)
+                mcmc.run(jax.random.key(args.seed), X, extra_fields=fields,
+                         init_params=_initial_partition(args, X, capacity))
                 source = mcmc
+            jax.block_until_ready(mcmc.last_state)
+            _done(heartbeat)
+            if bool(np.any(np.asarray(mcmc.last_state.clusters.overflow))):
+                raise CapacityError(f"all {capacity} cluster slots were in use")
             break
-        except Exception as exc:  # grow the capacity on the host and start again
-            if "cluster slots are in use" not in str(exc) or capacity >= len(X) or args.resume:
+        except CapacityError:  # grow the capacity on the host and start again
+            _done(heartbeat, ok=False)
+            if capacity >= len(X) or args.resume:
                 raise
             capacity = min(2 * capacity, len(X))
             print(f"jaxbnp: all cluster slots used; restarting with capacity={capacity}", file=sys.stderr)
@@ -135,9 +169,12 @@ def _cluster(args) -> int:
     X_raw, y, source = _load(args.data, args.labels)
     X = check_data(X_raw)
     family = _make_family(args.family, X)
-    X = check_data(X, family=family).astype(np.float32)
+    X = check_data(X, family=family).astype(np.float64 if args.dtype == "float64" else np.float32)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    _announce(args, X)
+    fit_idx = _subsample(args, X)
+    X_fit = X if fit_idx is None else X[fit_idx]
 
     t0 = time.perf_counter()
     tree = None  # the fitted diffusion tree (--method ddt)
@@ -145,9 +182,11 @@ def _cluster(args) -> int:
     if args.method == "mapdp":
         from .estimators import MAPDP
 
+        options = {} if args.mapdp_mode is None else {"mode": args.mapdp_mode}
+        if args.paper:
+            options.update(MAPDP.PAPER_OPTIONS)
         est = MAPDP(alpha=args.alpha, family=family, n_restarts=args.chains,
-                    mode=args.mapdp_mode, random_state=args.seed,
-                    split_moves=not args.no_split_moves).fit(X)
+                    random_state=args.seed, **options).fit(X)
         best = est.labels_
         log_joint = -est.nll_trace_[None, :]
         num_clusters = np.array([[est.n_clusters_]])
@@ -156,12 +195,15 @@ def _cluster(args) -> int:
     elif args.method == "ddt":  # Dirichlet diffusion tree by population MCMC, cut into clusters
         from .inference.ddt_mcmc import fit_ddt
 
-        fit = fit_ddt(X, num_chains=max(2, args.chains), num_samples=args.samples,
+        heartbeat = _heartbeat(args, "ddt: compiling and sampling")
+        fit = fit_ddt(X_fit, num_chains=max(2, args.chains), num_samples=args.samples,
                       key=jax.random.key(args.seed), num_warmup=args.warmup,
-                      t_stop=args.t_stop, num_clusters=args.ddt_clusters, progress_bar=args.progress)
+                      t_stop=args.t_stop, num_clusters=args.ddt_clusters, progress_bar=_bar(args))
+        _done(heartbeat)
         best = np.asarray(fit.labels)
         if args.t_stop is None and args.ddt_clusters is None:
-            best = _cut_at_largest_gap(fit.tree)
+            best = _cut_by_silhouette(fit.tree, X_fit)
+        best = _extend_labels(X, fit_idx, best)
         log_joint = np.asarray(fit.log_joint)
         num_clusters = np.array([[len(np.unique(best))]])
         capacity = None
@@ -170,8 +212,16 @@ def _cluster(args) -> int:
     elif args.method == "bhmc":  # nCRP + multilevel HDP mixture (Huang et al.), labels per level
         from .inference.bhmc import fit_bhmc
 
-        bhmc_fit = fit_bhmc(jax.random.key(args.seed), X, depth=args.depth, alpha=args.alpha,
-                            num_samples=args.samples, num_warmup=args.warmup, num_chains=args.chains)
+        heartbeat = _heartbeat(args, "bhmc: sweeps", args.chains * (args.warmup + args.samples),
+                               unit="chain sweeps (the first includes compilation)")
+        bhmc_fit = fit_bhmc(jax.random.key(args.seed), X_fit, depth=args.depth, alpha=args.alpha,
+                            num_samples=args.samples, num_warmup=args.warmup, num_chains=args.chains,
+                            heartbeat=heartbeat)
+        _done(heartbeat)
+        if fit_idx is not None:
+            bhmc_fit = bhmc_fit._replace(
+                labels_per_level=np.stack([_extend_labels(X, fit_idx, row) for row in bhmc_fit.labels_per_level]),
+                paths=_extend_labels(X, fit_idx, np.asarray(bhmc_fit.paths)))
         best = np.asarray(bhmc_fit.labels_per_level[-1])
         log_joint = np.asarray(bhmc_fit.log_lik)
         num_clusters = np.asarray(bhmc_fit.samples["num_leaves"])
@@ -209,6 +259,7 @@ def _cluster(args) -> int:
         "point_estimate": "min expected variation of information over the draws"
         if z is not None else {"ddt": "best tree, cut", "bhmc": "leaves of the sample with the highest "
                                "complete-data log likelihood"}.get(args.method, "MAP-DP"),
+        "fitted_points": int(X.shape[0] if fit_idx is None else len(fit_idx)),
         "clusters_best_draw": int(len(np.unique(best_draw))),
         "clusters_posterior_mean": float(num_clusters.mean()),
         "clusters_posterior_range": [int(num_clusters.min()), int(num_clusters.max())],
@@ -285,24 +336,29 @@ def _cluster(args) -> int:
         print(f"method    ddt: Dirichlet diffusion tree, population MCMC over {max(2, args.chains)} chains, "
               f"{args.warmup} warm-up + {args.samples} draws; best tree cut "
               + (f"into {args.ddt_clusters} clusters" if args.ddt_clusters else
-                 f"at t = {args.t_stop}" if args.t_stop else "at the largest gap between divergence times"))
+                 f"at t = {args.t_stop}" if args.t_stop else "where the mean silhouette width is largest")
+              + (f"; fitted on {args.max_points} of the {X.shape[0]} points" if fit_idx is not None else ""))
     elif args.method == "bhmc":
         print(f"method    bhmc: nCRP(alpha={args.alpha}) + multilevel HDP mixture, depth {args.depth}, "
               f"{args.chains} chain(s), {args.warmup} warm-up + {args.samples} sweeps; the sample with "
-              "the highest complete-data log likelihood")
+              "the highest complete-data log likelihood"
+              + (f"; fitted on {args.max_points} of the {X.shape[0]} points" if fit_idx is not None else ""))
         print("levels    " + ", ".join(f"level {l}: {k} clusters"
                                        for l, k in enumerate(summary["clusters_per_level"], start=1)))
     elif args.method != "mapdp":
+        start = (f", k-means++ start ({args.init_clusters} clusters)" if args.init == "kmeans"
+                 else ", one-cluster start")
         moves = {
-            "splitmerge": f" ({args.split_merge_moves} split-merge moves + 1 Gibbs sweep per iteration)",
+            "gibbs": f" (collapsed Gibbs sweeps{start})",
+            "splitmerge": f" ({args.split_merge_moves} split-merge moves + 1 Gibbs sweep per iteration{start})",
             "tgmcmc": f" ({args.global_moves} tree-guided global moves + local moves on n/2^{args.depth} "
                       f"points per iteration, init {args.tgmcmc_init})",
         }.get(args.method, "")
         print(f"method    {args.method}{moves}: {args.chains} chain(s), {args.warmup} warm-up + "
               f"{args.samples} draws, DP(alpha={args.alpha}), {args.family}")
     else:
-        splits = "without" if args.no_split_moves else "with"
-        print(f"method    mapdp ({args.mapdp_mode}, {splits} split moves): {args.chains} restart(s), "
+        variant = "the paper's algorithm" if args.paper else f"{est.mode} mode, defaults"
+        print(f"method    mapdp ({variant}): {args.chains} restart(s), "
               f"DP(alpha={args.alpha}), {args.family}, {est.n_iter_} iterations")
     if z is not None:
         k = diagnostics["num_clusters"]
@@ -321,6 +377,177 @@ def _cluster(args) -> int:
     print(f"wrote     {out / 'labels.csv'}, {out / 'summary.json'}"
           + "".join(f", {out / p}" for p in plots))
     return 0
+
+
+def _kmeans_pp(X: np.ndarray, k: int, seed: int, iters: int = 10) -> np.ndarray:
+    """Labels ``0..k-1`` of ``X`` by k-means++ seeding and ``iters`` Lloyd iterations (NumPy)."""
+    rng = np.random.default_rng(seed)
+    Xd = X.astype(np.float64)
+    sq = np.sum(Xd**2, axis=1)
+
+    def dist2(centres):
+        return np.maximum(sq[:, None] - 2.0 * Xd @ centres.T + np.sum(centres**2, axis=1)[None, :], 0.0)
+
+    centres = Xd[[rng.integers(len(Xd))]]
+    nearest = dist2(centres)[:, 0]
+    for _ in range(1, k):
+        p = nearest / nearest.sum() if nearest.sum() > 0 else None
+        centres = np.vstack([centres, Xd[rng.choice(len(Xd), p=p)]])
+        nearest = np.minimum(nearest, dist2(centres[-1:])[:, 0])
+    for _ in range(iters):
+        labels = np.argmin(dist2(centres), axis=1)
+        sums = np.zeros_like(centres)
+        np.add.at(sums, labels, Xd)
+        counts = np.bincount(labels, minlength=k)
+        centres = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], centres)
+    return np.argmin(dist2(centres), axis=1)
+
+
+def _initial_partition(args, X: np.ndarray, capacity: int):
+    """``init_params`` for gibbs/splitmerge with ``--init kmeans``: each chain starts from its
+    own k-means++ partition into ``--init-clusters`` clusters (an over-segmentation that the
+    sampler merges; the start affects only the burn-in, not the chain's target). ``None``
+    (one cluster) for ``--init one`` and for tgmcmc, which has its own ``--tgmcmc-init``."""
+    if args.method not in ("gibbs", "splitmerge") or args.init != "kmeans":
+        return None
+    k = min(args.init_clusters, len(X), capacity)
+    starts = [_kmeans_pp(X, k, seed=args.seed * 1000 + c) for c in range(args.chains)]
+    z = np.stack(starts).astype(np.int32)
+    return {"z": z if args.chains > 1 else z[0]}
+
+
+def _apply_method_defaults(args) -> None:
+    """Fill the options left unset (``None``) from :data:`METHOD_DEFAULTS`."""
+    table = {**_GENERIC_DEFAULTS, **METHOD_DEFAULTS[args.method]}
+    for name, value in table.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def _spread_chains_over_cores(chains: int) -> None:
+    """Before JAX starts: one host device per chain, up to the CPU count, so that
+    ``chain_method="parallel"`` runs chains on separate cores (no-op once JAX has
+    started, or when ``XLA_FLAGS`` already sets a host device count)."""
+    import os
+
+    from ._xla import _backends_started
+
+    if chains < 2 or _backends_started() or "xla_force_host_platform_device_count" in os.environ.get(
+            "XLA_FLAGS", ""):
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores > 1:
+        import numpyro
+
+        numpyro.set_host_device_count(min(chains, cores))
+
+
+def _chain_method(chains: int) -> str:
+    """``"parallel"`` when every chain has a device of its own, else ``"vectorized"`` (both
+    give the same draws for the same key)."""
+    import jax
+
+    return "parallel" if 1 < chains <= jax.local_device_count() else "vectorized"
+
+
+def _bar(args) -> bool:
+    """A progress bar (NumPyro's, tqdm): only when asked for with ``--progress`` on a terminal
+    (it puts a host callback into parallel chains' programs, which JAX's persistent cache
+    does not keep); otherwise :func:`_heartbeat` prints plain lines."""
+    return bool(args.progress) and sys.stderr.isatty()
+
+
+def _heartbeat(args, desc: str, total: int | None = None, unit: str = "iterations"):
+    """Started :class:`~jaxbnp._progress.Heartbeat` (a line every few seconds) unless
+    progress is off or NumPyro's bar is shown; else ``None``."""
+    import os
+
+    from ._progress import Heartbeat
+
+    forced = os.environ.get("JAXBNP_PROGRESS")
+    off = forced is not None and forced.strip().lower() in ("", "0", "false", "no", "off")
+    if args.progress is False or (args.progress is None and off) or _bar(args):
+        return None
+    return Heartbeat(desc, total, unit=unit).start()
+
+
+def _done(heartbeat, ok: bool = True) -> None:
+    if heartbeat is not None:
+        heartbeat.done(ok)
+
+
+def _announce(args, X: np.ndarray) -> None:
+    """Say what will run, before anything compiles (and why a subsample, if one)."""
+    n = X.shape[0]
+    note = ""
+    if args.method in ("ddt", "bhmc") and args.max_points and n > args.max_points:
+        cost = "O(n^2) per sweep" if args.method == "ddt" else "slow per point"
+        note = (f"; {args.method} costs grow fast with n ({cost}): fitting a random subsample of "
+                f"{args.max_points} of the {n} points (--max-points, 0 = all), the others labelled "
+                "by their nearest fitted point")
+    runs = (f"{args.chains} restart(s)" if args.method == "mapdp" else
+            f"{args.chains} chain(s) x ({args.warmup} warm-up + {args.samples} draws)")
+    print(f"jaxbnp: {args.method} on {n} x {X.shape[1]} points ({args.dtype}), {runs}{note}",
+          file=sys.stderr, flush=True)
+
+
+def _subsample(args, X: np.ndarray):
+    """Sorted indices of the random subsample fitted by ddt/bhmc, or ``None`` (all points)."""
+    n = X.shape[0]
+    if args.method not in ("ddt", "bhmc") or not args.max_points or n <= args.max_points:
+        return None
+    rng = np.random.default_rng(args.seed)
+    return np.sort(rng.choice(n, args.max_points, replace=False))
+
+
+def _extend_labels(X: np.ndarray, fit_idx, labels: np.ndarray) -> np.ndarray:
+    """Labels of every point: the fitted points keep theirs, each other point takes the
+    label (row of ``labels``' last axis) of its nearest fitted point (Euclidean)."""
+    if fit_idx is None:
+        return labels
+    labels = np.asarray(labels)
+    fitted = X[fit_idx].astype(np.float64)
+    out = np.empty((X.shape[0],) + labels.shape[1:], labels.dtype)
+    sq = np.sum(fitted**2, axis=1)
+    for start in range(0, X.shape[0], 65536):  # blocks bound the distance matrix's memory
+        block = X[start:start + 65536].astype(np.float64)
+        d2 = sq[None, :] - 2.0 * block @ fitted.T
+        out[start:start + len(block)] = labels[np.argmin(d2, axis=1)]
+    out[fit_idx] = labels
+    return out
+
+
+def _silhouette(X: np.ndarray, labels: np.ndarray) -> float:
+    """Mean silhouette width (Euclidean); 0 for one cluster or all singletons."""
+    ks = np.unique(labels)
+    if len(ks) < 2 or len(ks) == len(labels):
+        return 0.0
+    D = np.sqrt(np.maximum(np.sum((X[:, None, :] - X[None, :, :]) ** 2, axis=-1), 0.0))
+    onehot = labels[:, None] == ks[None, :]
+    sizes = onehot.sum(0)
+    mean_d = (D @ onehot) / sizes  # (n, K): mean distance to each cluster (own included)
+    own = np.argmax(onehot, axis=1)
+    n_own = sizes[own]
+    a = np.where(n_own > 1, mean_d[np.arange(len(X)), own] * n_own / np.maximum(n_own - 1, 1), 0.0)
+    mean_d[np.arange(len(X)), own] = np.inf
+    b = mean_d.min(axis=1)
+    s = np.where(n_own > 1, (b - a) / np.maximum(np.maximum(a, b), 1e-300), 0.0)
+    return float(s.mean())
+
+
+def _cut_by_silhouette(tree, X: np.ndarray, max_clusters: int = 30) -> np.ndarray:
+    """The diffusion tree's cut into ``K`` clusters (``K − 1`` earliest divergences) whose
+    mean silhouette width on ``X`` is largest, for ``K`` from 2 to ``max_clusters``."""
+    from .models.ddt import cut_tree
+
+    n = X.shape[0]
+    best, best_score = None, -np.inf
+    for k in range(2, min(max_clusters, n - 1) + 1):
+        labels = np.asarray(cut_tree(tree, num_clusters=k))
+        score = _silhouette(X.astype(np.float64), labels)
+        if score > best_score:
+            best, best_score = labels, score
+    return best if best is not None else np.zeros(n, np.int64)
 
 
 def _cut_at_largest_gap(tree) -> np.ndarray:
@@ -362,43 +589,67 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("data", nargs="?", help="data file (.csv/.txt/.npy); omitted = embedded toy_ring")
     c.add_argument("--labels", help="file of known labels, one per line, to report NMI/ARI")
-    c.add_argument("--method", choices=METHODS, default="gibbs",
-                   help="gibbs: collapsed Gibbs posterior draws; splitmerge: Jain-Neal split-merge "
-                   "moves + Gibbs sweeps; tgmcmc: tree-guided MCMC (Lee & Choi 2015); "
+    c.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
+                   help="splitmerge: Jain-Neal split-merge moves + collapsed Gibbs sweeps (default); "
+                   "gibbs: collapsed Gibbs alone (can stay trapped with merged clusters); "
+                   "tgmcmc: tree-guided MCMC (Lee & Choi 2015); "
                    "mapdp: MAP-DP point estimate; ddt: Dirichlet diffusion tree by population "
                    "MCMC, cut into clusters; bhmc: nested CRP + multilevel HDP mixture (Huang et al.), "
-                   "writes labels_level{l}.csv per level and bhmc_tree.png (default gibbs)")
+                   "writes labels_level{l}.csv per level and bhmc_tree.png. Each method has its own "
+                   "defaults for --chains, --warmup, --samples, --capacity and --max-points")
     c.add_argument("--family", default="normal-wishart",
                    choices=["normal-wishart", "normal-gamma", "beta-bernoulli", "dirichlet-multinomial"],
                    help="likelihood; priors from the data (tgMCMC settings for normal-wishart)")
     c.add_argument("--alpha", type=float, default=1.0, help="DP concentration (default 1.0)")
-    c.add_argument("--chains", type=int, default=4,
-                   help="vectorised chains for gibbs, random-order restarts for mapdp (default 4)")
-    c.add_argument("--mapdp-mode", choices=["sequential", "batched"], default="sequential",
-                   help="MAP-DP mode (default sequential, the paper's algorithm)")
-    c.add_argument("--no-split-moves", action="store_true",
-                   help="MAP-DP without split moves: the paper's algorithm exactly (often one cluster)")
-    c.add_argument("--split-merge-moves", type=int, default=10,
-                   help="split-merge moves per iteration for --method splitmerge (default 10)")
+    c.add_argument("--chains", type=int, default=None,
+                   help="MCMC chains (one per CPU core when there are several), random-order restarts "
+                   "for mapdp (default: 2; mapdp 1; ddt 4)")
+    c.add_argument("--mapdp-mode", choices=["sequential", "batched"], default=None,
+                   help="MAP-DP mode (default: MAPDP's own default)")
+    c.add_argument("--paper", action="store_true",
+                   help="--method mapdp: the paper's algorithm exactly (one-cluster start, point moves "
+                   "only; often stays in one cluster)")
+    c.add_argument("--split-merge-moves", type=int, default=None,
+                   help="split-merge moves per iteration for --method splitmerge (default 5)")
     c.add_argument("--global-moves", type=int, default=20,
                    help="tree-guided global moves per iteration for --method tgmcmc (default 20, the paper's G)")
     c.add_argument("--depth", type=int, default=2,
                    help="--method tgmcmc local moves resample n/2^DEPTH points per iteration; "
                    "--method bhmc: the tree depth L (default 2)")
+    c.add_argument("--init", choices=["kmeans", "one"], default="kmeans",
+                   help="gibbs and splitmerge: start each chain from its own k-means++ partition into "
+                   "--init-clusters clusters (default), or from one cluster")
+    c.add_argument("--init-clusters", type=int, default=20,
+                   help="clusters of the k-means++ start (default 20; more than you expect: the "
+                   "sampler merges more easily than it splits)")
     c.add_argument("--tgmcmc-init", choices=["ibhc", "noisy"], default="ibhc",
                    help="--method tgmcmc initial partition: IBHC or the paper's noisy trees (default ibhc)")
-    c.add_argument("--warmup", type=int, default=100, help="warm-up sweeps per chain (default 100)")
-    c.add_argument("--samples", type=int, default=200, help="kept sweeps per chain (default 200)")
-    c.add_argument("--capacity", type=int, default=64,
-                   help="cluster slots per chain; doubled automatically if full (default 64)")
+    c.add_argument("--warmup", type=int, default=None,
+                   help="warm-up sweeps per chain (default: splitmerge 50, gibbs 100, tgmcmc 30, ddt 40, "
+                   "bhmc 40)")
+    c.add_argument("--samples", type=int, default=None,
+                   help="kept sweeps per chain (default: splitmerge 100, gibbs 200, tgmcmc 70, ddt 60, "
+                   "bhmc 60)")
+    c.add_argument("--capacity", type=int, default=None,
+                   help="cluster slots per chain; doubled automatically if full (default 32)")
+    c.add_argument("--max-points", type=int, default=None,
+                   help="ddt and bhmc: fit a random subsample of this many points when the data are "
+                   "larger and label the others by their nearest fitted point (default: ddt 100, "
+                   "bhmc 500; 0 = all points)")
+    c.add_argument("--dtype", choices=["float32", "float64"], default=None,
+                   help="floating-point precision (default float32, or float64 when JAX_ENABLE_X64 is set)")
+    c.add_argument("--no-compile-cache", action="store_true",
+                   help="do not use the persistent compilation cache (also: JAXBNP_COMPILATION_CACHE=0); "
+                   "by default compiled programs are kept in ~/.cache/jaxbnp (or $JAXBNP_CACHE_DIR) so "
+                   "that a second run does not compile again")
     c.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
     c.add_argument("--out", default="jaxbnp-out", help="output folder (default ./jaxbnp-out)")
     c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars (NumPyro's for the samplers); default: shown when "
-                   "standard error is a terminal and the CI environment variable is unset")
+                   help="progress: a bar on a terminal, a line every few seconds otherwise "
+                   "(default on; --no-progress or JAXBNP_PROGRESS=0 for none)")
     c.add_argument("--t-stop", type=float, default=None,
-                   help="--method ddt: cut the tree at this divergence time in (0, 1) (default: at the "
-                   "largest gap between consecutive divergence times)")
+                   help="--method ddt: cut the tree at this divergence time in (0, 1) (default: the cut "
+                   "into 2 to 30 clusters with the largest mean silhouette width)")
     c.add_argument("--ddt-clusters", type=int, default=None,
                    help="--method ddt: cut the tree into this many clusters instead of at --t-stop")
     c.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
@@ -412,19 +663,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     args = build_parser().parse_args(argv)
     if args.command == "cluster":
-        non_negative = ("warmup", "global_moves", "checkpoint_every")
+        _apply_method_defaults(args)
+        non_negative = ("warmup", "global_moves", "checkpoint_every", "max_points")
         for name in ("chains", "warmup", "samples", "capacity", "split_merge_moves",
-                     "global_moves", "depth", "checkpoint_every"):
+                     "global_moves", "depth", "checkpoint_every", "max_points", "init_clusters"):
             if getattr(args, name) < (0 if name in non_negative else 1):
                 bound = "non-negative" if name in non_negative else "positive"
                 raise SystemExit(f"jaxbnp: --{name.replace('_', '-')} must be {bound}.")
         if not args.alpha > 0:
             raise SystemExit("jaxbnp: --alpha must be > 0.")
+        if args.method in ("ddt", "bhmc") and 0 < args.max_points < 4:
+            raise SystemExit("jaxbnp: --max-points must be 0 (all points) or at least 4.")
         if (args.resume or args.checkpoint_every) and args.method in ("mapdp", "ddt", "bhmc"):
             raise SystemExit("jaxbnp: --resume and --checkpoint-every apply to gibbs, splitmerge "
                              "and tgmcmc.")
+        if args.paper and args.method != "mapdp":
+            raise SystemExit("jaxbnp: --paper applies to --method mapdp.")
+        env_x64 = os.environ.get("JAX_ENABLE_X64", "").strip().lower() in ("1", "true", "yes", "on")
+        if args.dtype is None:
+            args.dtype = "float64" if env_x64 else "float32"
+        if args.method not in ("mapdp",):
+            _spread_chains_over_cores(args.chains)
+        import jax
+
+        from ._cache import enable_compilation_cache
+
+        if args.dtype == "float64":  # float32 data stay float32 where x64 is on (as in a test process)
+            jax.config.update("jax_enable_x64", True)
+        enable_compilation_cache(not args.no_compile_cache)
         return _cluster(args)
     return 1  # pragma: no cover
 

@@ -7,13 +7,17 @@ is dominated by compiling many small programs that each run briefly (measured on
 tests/test_kernel.py: 109 -> 57 CPU-s). Speed is measured in benchmarks/, with
 XLA's defaults.
 The library's own default dtype is JAX's default (float32); the main job's
-subprocess test runs in float32.
+subprocess test runs in float32. The persistent compilation cache is off
+(``JAXBNP_COMPILATION_CACHE=0``) except in the tests of the cache itself.
 """
 
 import os
 
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4 " + TEST_XLA_FLAGS)
+# the CLI and the estimators turn on JAX's persistent compilation cache in ~/.cache by
+# default: not in the suite (and its subprocesses), except where a test asks for it
+os.environ["JAXBNP_COMPILATION_CACHE"] = "0"
 
 import jax  # noqa: E402
 

@@ -13,8 +13,8 @@ import pytest
 from .conftest import TEST_XLA_FLAGS
 
 
-def _run_cli(*args, cwd):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+def _run_cli(*args, cwd, env=None):
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, **(env or {})}
     env["XLA_FLAGS"] = TEST_XLA_FLAGS  # faster compilation only (tests/conftest.py)
     return subprocess.run(
         [sys.executable, "-m", "jaxbnp.cli", *args], cwd=cwd, env=env,
@@ -23,20 +23,59 @@ def _run_cli(*args, cwd):
 
 
 def test_cluster_default_data_set(tmp_path):
+    """The README's main job with shorter runs: the default method finds the 13 clusters."""
     out = tmp_path / "out"
-    r = _run_cli("cluster", "--chains", "2", "--warmup", "30", "--samples", "30", "--out", str(out), cwd=tmp_path)
+    r = _run_cli("cluster", "--warmup", "30", "--samples", "30", "--out", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "clusters" in r.stdout and "NMI" in r.stdout and "log joint" in r.stdout
+    # what will run is said before anything compiles, on standard error (not a terminal here)
+    assert "jaxbnp: splitmerge on 1300 x 2 points (float32)" in r.stderr
+    assert "compiling and sampling done after" in r.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_points"] == 1300 and summary["dtype"] == "float32"
-    assert 5 <= summary["clusters_best_draw"] <= 20
-    assert summary["nmi_best_draw"] > 0.7
+    assert summary["method"] == "splitmerge" and summary["chains"] == 2
     labels = np.loadtxt(out / "labels.csv", skiprows=1)
     assert labels.shape == (1300,)
     assert (out / "clusters.png").stat().st_size > 1000 and (out / "trace.png").exists()
     assert (out / "coclustering.png").exists() and "R-hat" in r.stdout
-    assert 5 <= summary["clusters_point_estimate"] <= 20 and summary["nmi"] > 0.7
+    assert summary["clusters_point_estimate"] == 13 and summary["nmi"] > 0.95
     assert summary["diagnostics"]["num_clusters"]["ess"] > 0
+
+
+def test_cluster_float64_and_no_progress(tmp_path):
+    out = tmp_path / "out"
+    r = _run_cli("cluster", "--method", "gibbs", "--dtype", "float64", "--no-progress", "--warmup", "20",
+                 "--samples", "20", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "summary.json").read_text())["dtype"] == "float64"
+    assert "elapsed" not in r.stderr and "done after" not in r.stderr
+
+
+def _cache_files(folder):
+    return sorted(p.name for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
+
+
+def test_compilation_cache_second_run_compiles_nothing_new(tmp_path):
+    """With the cache on, the first run writes the compiled programs to JAXBNP_CACHE_DIR and
+    the second run of the same command writes nothing new (it loaded them all); the CLI
+    option and the environment variable turn it off."""
+    cache = tmp_path / "cache"
+    args = ("cluster", "x.csv", "--method", "gibbs", "--chains", "1", "--warmup", "3", "--samples", "3",
+            "--family", "normal-gamma", "--out", "o")
+    rng = np.random.default_rng(0)
+    np.savetxt(tmp_path / "x.csv", np.r_[rng.normal(-3, 1, (30, 2)), rng.normal(3, 1, (30, 2))], delimiter=",")
+    env = {"JAXBNP_CACHE_DIR": str(cache), "JAXBNP_COMPILATION_CACHE": "1"}
+    assert _run_cli(*args, cwd=tmp_path, env=env).returncode == 0
+    first = _cache_files(cache)
+    # NumPyro's sampling loop is among them: the CLI's kernels put no host callback in it
+    assert any(name.startswith("jit__fori_collect_loop") for name in first), first
+    assert _run_cli(*args, cwd=tmp_path, env=env).returncode == 0
+    assert _cache_files(cache) == first
+    off = tmp_path / "off"
+    assert _run_cli(*args, "--no-compile-cache", cwd=tmp_path, env={**env, "JAXBNP_CACHE_DIR": str(off)}).returncode == 0
+    assert _cache_files(off) == []
+    assert _run_cli(*args, cwd=tmp_path, env={"JAXBNP_CACHE_DIR": str(off), "JAXBNP_COMPILATION_CACHE": "0"}).returncode == 0
+    assert _cache_files(off) == []
 
 
 def test_cluster_csv_file_and_bad_file(tmp_path):
@@ -62,7 +101,7 @@ def test_cluster_splitmerge_tgmcmc_and_mapdp(tmp_path, capsys, monkeypatch):
     np.savetxt(tmp_path / "x.csv", X, delimiter=",")
     monkeypatch.chdir(tmp_path)
     # tgMCMC starts from IBHC's 11 clusters here and needs about 25 iterations to reach the 2
-    for method, extra in (("splitmerge", ["--split-merge-moves", "3", "--warmup", "5"]),
+    for method, extra in (("splitmerge", ["--split-merge-moves", "3", "--warmup", "30"]),
                           ("mapdp", ["--mapdp-mode", "batched", "--warmup", "5"]),
                           ("tgmcmc", ["--global-moves", "10", "--depth", "1", "--warmup", "30"])):
         assert main(["cluster", "x.csv", "--method", method, *extra, "--chains", "1",
@@ -94,7 +133,8 @@ def test_cluster_checkpoint_and_resume(tmp_path, capsys, monkeypatch):
 
 
 def test_cluster_ddt_cuts_the_best_tree(tmp_path, capsys, monkeypatch):
-    """--method ddt: population MCMC over diffusion trees, the best tree cut at its largest gap."""
+    """--method ddt: population MCMC over diffusion trees, the best tree cut where the mean
+    silhouette width is largest; --max-points fits a subsample and labels the rest."""
     from jaxbnp.cli import main
 
     rng = np.random.default_rng(3)
@@ -107,5 +147,67 @@ def test_cluster_ddt_cuts_the_best_tree(tmp_path, capsys, monkeypatch):
     labels = np.loadtxt(tmp_path / "d" / "labels.csv", skiprows=1)
     assert len(np.unique(labels)) == 2 and len(np.unique(labels[:8])) == 1
     assert (tmp_path / "d" / "dendrogram.png").stat().st_size > 1000
+    # a subsample of 10 of the 16 points: every point labelled, the two groups apart
+    assert main(["cluster", "x.csv", "--method", "ddt", "--chains", "2", "--warmup", "10",
+                 "--samples", "20", "--max-points", "10", "--out", "s"]) == 0
+    captured = capsys.readouterr()
+    assert "fitting a random subsample of 10 of the 16 points" in captured.err
+    labels = np.loadtxt(tmp_path / "s" / "labels.csv", skiprows=1)
+    assert labels.shape == (16,) and len(np.unique(labels[:8])) == 1 and len(np.unique(labels[8:])) == 1
+    assert labels[0] != labels[8]
+    assert json.loads((tmp_path / "s" / "summary.json").read_text())["fitted_points"] == 10
     with pytest.raises(SystemExit, match="--resume and --checkpoint-every"):
         main(["cluster", "x.csv", "--method", "ddt", "--resume", "--out", "d"])
+    with pytest.raises(SystemExit, match="--max-points"):
+        main(["cluster", "x.csv", "--method", "ddt", "--max-points", "2", "--out", "d"])
+
+
+def test_capacity_grows_when_the_chains_need_more_slots(tmp_path, capsys, monkeypatch):
+    """The CLI's kernels leave the overflow flag in the state (no host callback): a run that
+    filled its 2 slots is discarded and repeated with twice the capacity."""
+    from jaxbnp.cli import main
+
+    rng = np.random.default_rng(4)
+    X = np.r_[rng.normal(-6, 0.5, (10, 2)), rng.normal(0, 0.5, (10, 2)), rng.normal(6, 0.5, (10, 2))]
+    np.savetxt(tmp_path / "x.csv", X, delimiter=",")
+    monkeypatch.chdir(tmp_path)
+    assert main(["cluster", "x.csv", "--method", "gibbs", "--init", "one", "--capacity", "2", "--chains", "1",
+                 "--warmup", "20", "--samples", "10", "--out", "c"]) == 0
+    assert "restarting with capacity=4" in capsys.readouterr().err
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert summary["capacity"] >= 4 and summary["clusters_best_draw"] == 3
+
+
+def test_helpers_kmeans_silhouette_nearest_labels():
+    from sklearn.metrics import silhouette_score
+
+    from jaxbnp import cli
+
+    rng = np.random.default_rng(5)
+    X = np.r_[rng.normal(-5, 1, (20, 3)), rng.normal(5, 1, (25, 3)), rng.normal([5, -5, 0], 1, (15, 3))]
+    labels = cli._kmeans_pp(X, 3, seed=0)
+    assert sorted(np.bincount(labels)) == [15, 20, 25]
+    noisy = labels.copy()
+    noisy[:4] = (noisy[:4] + 1) % 3
+    assert cli._silhouette(X, noisy) == pytest.approx(silhouette_score(X, noisy), rel=1e-10)
+    assert cli._silhouette(X, np.zeros(len(X), int)) == 0.0
+    idx = np.arange(0, 60, 3)
+    out = cli._extend_labels(X, idx, labels[idx])
+    np.testing.assert_array_equal(out, labels)  # well separated: each point's nearest fitted one agrees
+    assert cli._extend_labels(X, None, labels) is labels
+
+
+def test_heartbeat_prints_lines_from_a_thread():
+    import io
+    import time
+
+    from jaxbnp._progress import Heartbeat
+
+    stream = io.StringIO()
+    with Heartbeat("work", 10, every_s=0.05, stream=stream) as hb:
+        time.sleep(0.2)
+        hb.tick(4)
+        time.sleep(0.2)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "jaxbnp: work" and lines[-1].startswith("jaxbnp: work done after")
+    assert any("elapsed" in line for line in lines) and any("4/10 iterations (40%)" in line for line in lines)

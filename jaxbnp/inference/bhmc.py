@@ -657,6 +657,7 @@ def fit_bhmc(
     paper_split: bool = False,
     store_samples: bool = True,
     compiler_options: dict | str | None = "auto",
+    heartbeat: Any = None,
 ) -> BHMCFit:
     """Fit BHMC to ``X`` with ``num_chains`` vmapped chains of Algorithm 2 (MATH.md §6).
 
@@ -670,7 +671,9 @@ def fit_bhmc(
     go to ``jax.jit``; ``"auto"`` (default) uses :data:`FAST_COMPILE` (XLA
     backend optimisation off: compiles about 4x faster, runs about 5x slower)
     when ``N · (num_warmup + num_samples) · num_chains <= 20000`` point updates,
-    where compile time dominates, and XLA's defaults otherwise.
+    where compile time dominates, and XLA's defaults otherwise. ``heartbeat``: a
+    ``jaxbnp._progress.Heartbeat`` ticked by ``num_chains`` after each sweep (the
+    CLI's progress lines); it changes no draw.
     """
     Xn = check_data(X)
     n, dim = Xn.shape
@@ -708,6 +711,9 @@ def fit_bhmc(
     t_first = t_start = time.perf_counter()
     for i in range(num_warmup + num_samples):
         state, new_best, out = step_fn(chains, state, best, k_run, jnp.int32(i), Xj, model)
+        if heartbeat is not None:
+            jax.block_until_ready(state)
+            heartbeat.tick(num_chains)
         if i == 0:
             jax.block_until_ready(state)
             t_first = time.perf_counter()
@@ -773,7 +779,13 @@ def _compiled_run(config: BHMCConfig, store_samples: bool, compiler_options: dic
 
     opts = {} if compiler_options is None else {"compiler_options": dict(compiler_options)}
     init_fn = jax.jit(jax.vmap(init_one, in_axes=(0, None, None, None, None, None, None)), **opts)
-    step_fn = jax.jit(jax.vmap(step_one, in_axes=(0, 0, 0, None, None, None, None)), **opts)
+
+    def step_all(chains, state, best, k_run, i, X, model):
+        # chains one after another (lax.map), not vmapped: under vmap every lax.cond of the
+        # sweep runs both branches (the new-component branch for every point); same draws
+        return lax.map(lambda a: step_one(a[0], a[1], a[2], k_run, i, X, model), (chains, state, best))
+
+    step_fn = jax.jit(step_all, **opts)
     _RUN_CACHE[cache_key] = (init_fn, step_fn)
     return init_fn, step_fn
 

@@ -246,9 +246,18 @@ class CollapsedGibbs(DiscreteSiteKernel):
 
     State: :class:`CollapsedGibbsState`; extra fields ``"log_joint"`` and
     ``"num_clusters"`` can be collected with ``MCMC.run(..., extra_fields=...)``.
+
+    Attribute ``host_overflow_check`` (default ``True``): a step that needs more
+    than ``capacity`` clusters raises ``CapacityError`` at once, through a host
+    callback. Set it to ``False`` to leave that to the caller: the flag
+    ``state.clusters.overflow`` is then sticky, and a run whose
+    ``mcmc.last_state.clusters.overflow`` is set must be discarded and
+    repeated with a larger capacity (what the ``jaxbnp`` CLI does). Programs
+    without a host callback can be kept by JAX's persistent compilation cache.
     """
 
     sample_field = "z"
+    host_overflow_check = True
 
     def __init__(
         self,
@@ -363,7 +372,7 @@ class CollapsedGibbs(DiscreteSiteKernel):
         overflow = labels.max() >= capacity
         labels = jnp.where(labels < capacity, labels, 0)
         clusters = clusters_from_labels(family, X, labels, capacity, overflow)
-        if capacity < n:
+        if capacity < n and self.host_overflow_check:
             raise_if_overflow(clusters)
         z[spec.partition_site] = labels
         if spec.u_site is not None and spec.u_site not in params and measure.has_auxiliary:
@@ -394,7 +403,7 @@ class CollapsedGibbs(DiscreteSiteKernel):
         # partition moves, then (NGGP) u: the pure core step
         core = self._core_step(k_step, gibbs_core.GibbsState(state.clusters, u), X, measure, family)
         clusters, u = core.clusters, core.u
-        if clusters.capacity < spec.num_points:
+        if clusters.capacity < spec.num_points and self.host_overflow_check:
             raise_if_overflow(clusters)
         z = dict(state.z)
         k = clusters.num_clusters
