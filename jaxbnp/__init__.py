@@ -6,6 +6,7 @@ in float64.
 """
 
 from . import datasets
+from ._cache import enable_compilation_cache
 from ._xla import set_cpu_loop_kernels
 from .inference import (
     BHMCFit,
@@ -76,7 +77,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'jaxbnp' has no attribute {name!r}")
 
 __all__ = [
-    "datasets", "set_cpu_loop_kernels",
+    "datasets", "set_cpu_loop_kernels", "enable_compilation_cache",
     # random measures and conjugate families
     "DP", "NGGP", "PitmanYor", "Measure",
     "NormalGamma", "NormalWishart", "DirichletMultinomial", "BetaBernoulli", "Family",

@@ -8,7 +8,8 @@ per-user folder:
 - ``$JAXBNP_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/jaxbnp/jax`` (default
   ``~/.cache/jaxbnp/jax``);
 - ``JAXBNP_COMPILATION_CACHE=0`` (or ``false``/``no``/``off``) turns it off,
-  as do the CLI's ``--no-compile-cache`` and the estimators' argument;
+  as do the CLI's ``--no-compile-cache`` and, for the estimators and fitting
+  functions of this process, ``jaxbnp.enable_compilation_cache(False)``;
 - a cache folder the user already set (``jax.config.update(
   "jax_compilation_cache_dir", ...)`` or ``JAX_COMPILATION_CACHE_DIR``) is
   left alone.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["enable_compilation_cache", "cache_dir", "cache_disabled_by_env"]
+__all__ = ["enable_compilation_cache", "auto_enable", "cache_dir", "cache_disabled_by_env"]
 
 ENV_SWITCH = "JAXBNP_COMPILATION_CACHE"
 ENV_DIR = "JAXBNP_CACHE_DIR"
@@ -32,6 +33,7 @@ ENV_DIR = "JAXBNP_CACHE_DIR"
 MIN_COMPILE_SECONDS = 0.1
 
 _enabled_dir: Path | None = None
+_user_choice: bool | None = None  # what the user last passed to enable_compilation_cache
 
 
 def cache_disabled_by_env() -> bool:
@@ -49,21 +51,24 @@ def cache_dir() -> Path:
     return Path(base) / "jaxbnp" / "jax"
 
 
-def enable_compilation_cache(enabled: bool = True) -> Path | None:
-    """Turn on JAX's persistent compilation cache in :func:`cache_dir` (module docstring).
+def _reset_jax_cache() -> None:
+    try:  # JAX decides whether to use the cache at its first compilation: decide again
+        from jax.experimental.compilation_cache import compilation_cache
 
-    Returns the folder in use, or ``None`` when the cache is off (``enabled``
-    false, ``JAXBNP_COMPILATION_CACHE=0``, or the folder cannot be created).
-    Idempotent; a folder the user set themselves is kept and returned.
-    """
+        compilation_cache.reset_cache()
+    except (ImportError, AttributeError):  # pragma: no cover - an older or newer JAX
+        pass
+
+
+def _enable() -> Path | None:
     global _enabled_dir
-    if not enabled or cache_disabled_by_env():
+    if cache_disabled_by_env():
         return None
     import jax
 
     own = jax.config.jax_compilation_cache_dir
-    if own:
-        return Path(own) if _enabled_dir is None or Path(own) != _enabled_dir else _enabled_dir
+    if own:  # the user's own folder, or ours from an earlier call
+        return Path(own)
     path = cache_dir()
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -71,11 +76,39 @@ def enable_compilation_cache(enabled: bool = True) -> Path | None:
         return None
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
-    try:  # JAX decides whether to use the cache at its first compilation: decide again
-        from jax.experimental.compilation_cache import compilation_cache
-
-        compilation_cache.reset_cache()
-    except (ImportError, AttributeError):  # pragma: no cover - an older or newer JAX
-        pass
+    _reset_jax_cache()
     _enabled_dir = path
     return path
+
+
+def enable_compilation_cache(enabled: bool = True) -> Path | None:
+    """Turn JAX's persistent compilation cache on in :func:`cache_dir`, or off (module docstring).
+
+    ``enabled=False`` also stops the estimators and fitting functions of this
+    process from turning it on, and turns off a cache that jaxbnp turned on
+    (a folder the user set in JAX is left alone). Returns the folder in use,
+    or ``None`` when the cache is off (``JAXBNP_COMPILATION_CACHE=0`` wins
+    over ``enabled=True``; so does a folder that cannot be created).
+    """
+    global _user_choice, _enabled_dir
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enable_compilation_cache(enabled): a bool, got {enabled!r}.")
+    _user_choice = enabled
+    if enabled:
+        return _enable()
+    if _enabled_dir is not None:
+        import jax
+
+        if jax.config.jax_compilation_cache_dir == str(_enabled_dir):
+            jax.config.update("jax_compilation_cache_dir", None)
+            _reset_jax_cache()
+        _enabled_dir = None
+    return None
+
+
+def auto_enable() -> Path | None:
+    """What the estimators and fitting functions call: turn the cache on unless the user
+    turned it off (``enable_compilation_cache(False)`` or ``JAXBNP_COMPILATION_CACHE=0``)."""
+    if _user_choice is False:
+        return None
+    return _enable()

@@ -698,6 +698,9 @@ def fit_bhmc(
     if compiler_options == "auto":
         small = n * (num_warmup + num_samples) * num_chains <= 20000
         compiler_options = FAST_COMPILE if small else None
+    from .._cache import auto_enable
+
+    auto_enable()  # the persistent compilation cache (jaxbnp._cache)
     init_fn, step_fn = _compiled_run(config, bool(store_samples), compiler_options)
     k_init, k_run = jax.random.split(key)
     chains = jnp.arange(num_chains)

@@ -755,6 +755,8 @@ def fit_ddt(
 
     from .._progress import resolve as resolve_progress
 
+    from .._cache import auto_enable
+
     show = resolve_progress(progress_bar)
     Xn = check_data(X)
     n = Xn.shape[0]
@@ -797,6 +799,7 @@ def fit_ddt(
         chain_method="vectorized", progress_bar=show,
     )
     key = jax.random.key(0) if key is None else key
+    auto_enable()  # the persistent compilation cache (jaxbnp._cache)
     mcmc.run(key, Xj, extra_fields=("log_joint",))
     samples = mcmc.get_samples(group_by_chain=True)
     lj = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["log_joint"])
