@@ -63,7 +63,7 @@ class MAPDP:
     :param family: a conjugate family; ``None`` means
         ``jaxbnp.inference.mapdp.default_prior(X)``: a ``NormalGamma`` with
         ``m0`` = the mean, ``k0 = 1/N``, ``a0 = 1`` and ``b0`` = the pooled
-        per-dimension variance within the groups of a 4-means clustering (the
+        per-dimension variance within the two groups of a 2-means clustering (the
         paper's ``b0`` is the whole data variance; ``NormalGamma.from_data``
         was the default before and is unchanged).
     :param measure: ``DP(alpha)`` or ``PitmanYor(alpha, d)`` (MAP-PY);

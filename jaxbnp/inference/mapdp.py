@@ -588,7 +588,7 @@ def predict_log_weights(
     return existing, log_new + log_prior
 
 
-PRIOR_GROUPS = 4  # k-means groups behind the default prior's within-cluster variance
+PRIOR_GROUPS = 2  # k-means groups behind the default prior's within-cluster variance
 PRIOR_SAMPLE = 4096  # points (at most) the default prior rule looks at
 
 
