@@ -8,7 +8,7 @@ objective is ``NLL = −log p(X, Π)``.
 Modes
 -----
 ``sequential``
-    The paper's algorithm: all points start in one cluster; each sweep visits
+    The paper's sweep: each sweep visits
     the points in order (``lax.fori_loop`` via ``assignment_sweep``), remove /
     score / argmin / add. Each move is a coordinate-wise maximisation of the
     joint, so the NLL never increases. Stops when a sweep lowers the NLL by
@@ -32,7 +32,7 @@ every NormalGamma prior tried, the true one included. Informative priors on
 the cluster variances or larger ``α`` help; the UCI reproduction
 (``benchmarks/``) reports what the paper's empirical rule gives.
 
-Split moves (``split_moves=True``, off by default)
+Split moves (``split_moves=True``; on in ``MAPDP()``, off in :func:`fit`)
     When the sweeps have converged, every cluster proposes splits in two:
     its members are grouped by k-means (four proposals of 4 seeds drawn
     k-means++ style, ten Lloyd iterations on standardised coordinates, all
@@ -46,10 +46,37 @@ Split moves (``split_moves=True``, off by default)
     the single best split, or no split. Sweeps then start again; the run
     stops when a round keeps no split. Every step is a move to a partition
     with lower NLL, so the NLL still never increases, and MAP-DP escapes the
-    one-cluster start. With ``split_moves=False`` a run is the paper's
-    algorithm exactly.
+    one-cluster start.
 
-Restarts: ``n_restarts`` random point orders; sequential restarts are
+Merge moves (``merge_moves=True``; on in ``MAPDP()``, off in :func:`fit`)
+    When the sweeps have converged, every cluster scores merging with each of
+    its 8 nearest clusters (centroid distance, standardised coordinates) by
+    the exact change of ``log p(X, Π)``; pairs that chose each other with a
+    positive gain are merged, keeping the best of "all those merges", "the
+    single best merge" and "none" by exact NLL (``merge_round``). Rounds
+    repeat until none merges; then sweeps again if something merged, else a
+    split round. A run ends when neither a merge round nor a split round
+    changes the partition (or at ``max_iter``). Merges bring an
+    over-segmented start down to the right number of clusters.
+
+Start (``init_clusters``; 32 in ``MAPDP()``, 1 in :func:`fit`)
+    ``1`` is the paper's start (every point in one cluster). ``k > 1``: a
+    k-means++ seeding of ``k`` centres in standardised coordinates, five
+    Lloyd iterations (on at most ``LLOYD_SAMPLE`` points), each point in the
+    cluster of its nearest centre (``kmeanspp_labels``). This departs from
+    the paper; the NLL trace starts at the NLL of that partition.
+
+Prior (``MAPDP(family=None)``)
+    :func:`default_prior`: the paper's empirical NormalGamma prior (``m0`` =
+    mean, ``k0 = 1/N``, ``a0 = 1``) with ``b0`` = the within-group variance of
+    a 2-means clustering instead of the data variance (a departure: with the
+    data variance every cluster is a priori as wide as the data).
+
+With ``split_moves=False``, ``merge_moves=False`` and ``init_clusters=1``
+(:func:`fit`'s defaults; ``MAPDP.paper()``) and ``mode="sequential"`` a run
+is the paper's algorithm exactly.
+
+Restarts: ``n_restarts`` random point orders (and k-means++ seeds); sequential restarts are
 ``jax.vmap``-ed over PRNG keys, batched restarts run one after another
 (``lax.map``) so that the fallback branch is only computed when taken. The
 lowest NLL wins.
@@ -546,6 +573,9 @@ def fit(
     The first restart visits points in index order unless ``shuffle=True``
     (default: shuffle only when ``n_restarts > 1``); the others use random
     permutations drawn from ``key``. ``all_runs`` has a leading restart axis.
+    The defaults (one-cluster start, no merge or split moves) are the paper's
+    algorithm; ``MAPDP()`` calls this with ``mode="batched"``, ``split_moves``,
+    ``merge_moves`` and ``init_clusters=32`` (module docstring).
     """
     n = X.shape[0]
     if shuffle is None:
