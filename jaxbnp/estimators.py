@@ -33,7 +33,7 @@ from ._progress import resolve as _resolve_progress
 from ._validation import check_data
 from .inference import mapdp as mapdp_core
 from .inference.clusters import ClusterState, CapacityError
-from .models.families import Family, NormalGamma, NormalWishart
+from .models.families import Family, NormalWishart
 from .models.measures import DP, Measure, PitmanYor
 
 __all__ = ["MAPDP", "DirichletProcessMixture", "select_alpha", "SingleClusterWarning", "NotFittedError"]

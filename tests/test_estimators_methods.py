@@ -7,7 +7,6 @@ Each test compiles its own samplers (about 10 s of CPU each on a 2-core machine)
 from __future__ import annotations
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
