@@ -136,16 +136,18 @@ def _uci(loader=load_breast_cancer):
 
 
 @pytest.mark.parametrize(
-    "mode, family_name, split_moves",
-    [("sequential", "NormalGamma", False), ("batched", "NormalGamma", False),
-     ("sequential", "NormalWishart", False), ("batched", "NormalWishart", True)],
+    "mode, family_name, split_moves, merge_moves",
+    [("sequential", "NormalGamma", False, False), ("batched", "NormalGamma", False, False),
+     ("sequential", "NormalWishart", False, False), ("batched", "NormalWishart", True, False),
+     ("batched", "NormalWishart", True, True)],
 )
-def test_nll_never_increases(mode, family_name, split_moves):
+def test_nll_never_increases(mode, family_name, split_moves, merge_moves):
     X, _, family = _uci(load_wine)
     if family_name == "NormalWishart":
         family = bnp.NormalWishart(np.zeros(X.shape[1]), 0.1, X.shape[1] + 2.0, 0.2 * np.eye(X.shape[1]))
     best, _ = mapdp_core.fit(jax.random.key(0), jnp.asarray(X), bnp.DP(1.0), family, capacity=64,
-                             mode=mode, block_size=16, n_restarts=1, split_moves=split_moves)
+                             mode=mode, block_size=16, n_restarts=1, split_moves=split_moves,
+                             merge_moves=merge_moves, init_clusters=16 if merge_moves else 1)
     trace = np.asarray(best.nll_trace)[: int(best.n_iter) + 1]
     assert int(best.n_iter) >= 2 and np.sum(np.asarray(best.clusters.counts) > 0) >= 2
     assert trace[-1] < trace[0]
