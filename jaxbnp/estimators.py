@@ -33,41 +33,66 @@ from ._progress import resolve as _resolve_progress
 from ._validation import check_data
 from .inference import mapdp as mapdp_core
 from .inference.clusters import ClusterState, CapacityError
-from .models.families import Family, NormalGamma, NormalWishart
+from .models.families import Family, NormalWishart
 from .models.measures import DP, Measure, PitmanYor
 
 __all__ = ["MAPDP", "DirichletProcessMixture", "select_alpha", "SingleClusterWarning", "NotFittedError"]
 
 
 class SingleClusterWarning(UserWarning):
-    """MAP-DP without split moves ended with every point in one cluster."""
+    """MAP-DP ended with every point (``n > 1``) in one cluster."""
 
 
 class MAPDP:
     """MAP-DP clustering (Raykov et al. 2014), MATH.md §3.
 
+    The defaults depart from the paper so that well separated clusters are
+    found at every size: a k-means++ start with ``init_clusters`` clusters
+    (the paper starts from one cluster), batched sweeps, merge and split
+    moves between sweeps (exact NLL changes, kept only when they lower it)
+    and a prior whose cluster variance is a within-group variance
+    (:func:`jaxbnp.inference.mapdp.default_prior`). The NLL
+    ``−log p(X, Π)`` never increases, whatever the options.
+
+    **The paper's algorithm** is ``MAPDP.paper(alpha=...)``, i.e.
+    ``init="one", mode="sequential", split_moves=False, merge_moves=False``
+    (with ``family=None`` it still uses the default prior rule; pass the
+    paper's ``NormalGamma`` for its prior).
+
     :param alpha: DP concentration; ignored when ``measure`` is given.
-    :param family: a conjugate family; ``None`` means ``NormalGamma.from_data(X)``
-        (per-dimension mean, ``k0 = 0.1``, ``a0 = 2``, ``b0`` = per-dimension
-        variance, so the prior mean variance equals the data variance).
+    :param family: a conjugate family; ``None`` means
+        ``jaxbnp.inference.mapdp.default_prior(X)``: a ``NormalGamma`` with
+        ``m0`` = the mean, ``k0 = 1/N``, ``a0 = 1`` and ``b0`` = the pooled
+        per-dimension variance within the two groups of a 2-means clustering (the
+        paper's ``b0`` is the whole data variance; ``NormalGamma.from_data``
+        was the default before and is unchanged).
     :param measure: ``DP(alpha)`` or ``PitmanYor(alpha, d)`` (MAP-PY);
         ``None`` means ``DP(alpha)``.
-    :param n_restarts: random point orders tried; the lowest NLL wins.
-    :param mode: ``"sequential"`` (the paper's algorithm) or ``"batched"``
-        (blocks scored at once, never increasing the NLL: see
-        ``jaxbnp.inference.mapdp``).
-    :param tol: stop when a sweep lowers the NLL by less than this.
-    :param max_iter: maximum number of sweeps.
-    :param random_state: seed for the restarts' orders.
-    :param capacity: cluster slots; ``None`` starts at ``min(n, 32)`` and
-        doubles (refitting) whenever it runs out.
+    :param n_restarts: random point orders (and k-means++ seeds) tried; the
+        lowest NLL wins.
+    :param mode: ``"batched"`` (default: blocks scored at once, never
+        increasing the NLL, see ``jaxbnp.inference.mapdp``) or
+        ``"sequential"`` (the paper's point-by-point sweep).
+    :param tol: stop sweeping when a sweep lowers the NLL by less than this.
+    :param max_iter: maximum number of iterations (sweeps, merge and split rounds).
+    :param random_state: seed for the restarts' orders and the k-means++ start.
+    :param capacity: cluster slots; ``None`` starts at ``min(n, max(32, 2 *
+        init_clusters))`` (``min(n, 32)`` with ``init="one"``) and doubles
+        (refitting) whenever it runs out; clusters are never truncated.
     :param block_size: points per block in batched mode.
-    :param split_moves: after the sweeps converge, propose splitting every
-        cluster in two and keep splits that lower the NLL, then sweep again
-        (``jaxbnp.inference.mapdp``). The NLL still never increases. Off by
-        default so that ``mode="sequential"`` is the paper's algorithm
-        exactly; turn it on for large data, where starting from one cluster
-        MAP-DP usually stays in one cluster.
+    :param split_moves: when the sweeps (and merges) have converged, propose
+        splitting every cluster in two and keep splits that lower the NLL,
+        then sweep again (``jaxbnp.inference.mapdp.split_round``).
+    :param merge_moves: when the sweeps have converged, merge pairs of
+        clusters whose merge lowers the NLL (``merge_round``), so that an
+        over-segmented start comes down to the right number of clusters.
+    :param init: ``"kmeans++"`` (k-means++ seeding of ``init_clusters``
+        clusters in standardised coordinates, then a few Lloyd iterations) or
+        ``"one"`` (all points in one cluster: the paper).
+    :param init_clusters: clusters of the k-means++ start.
+
+    A fit that ends with all ``n > 1`` points in one cluster warns with
+    :class:`SingleClusterWarning`, whatever the options.
 
     Fitted attributes: ``labels_``, ``n_clusters_``, ``nll_`` (``−log p(X, Π)``),
     ``n_iter_``, ``nll_trace_``, ``family_``, ``measure_``, ``cluster_sizes_``.
@@ -79,13 +104,16 @@ class MAPDP:
         family: Family | None = None,
         measure: Measure | None = None,
         n_restarts: int = 1,
-        mode: str = "sequential",
+        mode: str = "batched",
         tol: float = 1e-6,
         max_iter: int = 1000,
         random_state: int | None = None,
         capacity: int | None = None,
         block_size: int = 4096,
-        split_moves: bool = False,
+        split_moves: bool = True,
+        merge_moves: bool = True,
+        init: str = "kmeans++",
+        init_clusters: int = 32,
     ):
         self.alpha = alpha
         self.family = family
@@ -98,12 +126,23 @@ class MAPDP:
         self.capacity = capacity
         self.block_size = block_size
         self.split_moves = split_moves
+        self.merge_moves = merge_moves
+        self.init = init
+        self.init_clusters = init_clusters
+
+    @classmethod
+    def paper(cls, alpha: float = 1.0, **kwargs: Any) -> "MAPDP":
+        """The paper's algorithm: one-cluster start, sequential sweeps, no split or merge moves."""
+        options = dict(mode="sequential", init="one", split_moves=False, merge_moves=False)
+        options.update(kwargs)
+        return cls(alpha=alpha, **options)
 
     # scikit-learn protocol
     def get_params(self, deep: bool = True) -> dict:
         return {k: getattr(self, k) for k in (
             "alpha", "family", "measure", "n_restarts", "mode", "tol", "max_iter",
-            "random_state", "capacity", "block_size", "split_moves")}
+            "random_state", "capacity", "block_size", "split_moves", "merge_moves", "init",
+            "init_clusters")}
 
     def set_params(self, **params: Any) -> "MAPDP":
         for k, v in params.items():
@@ -123,6 +162,14 @@ class MAPDP:
             raise ValueError(f"tol must be >= 0, got {self.tol}.")
         if int(self.block_size) < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
+        if self.init not in ("kmeans++", "one"):
+            raise ValueError(f"init must be 'kmeans++' or 'one', got {self.init!r}.")
+        _check_int("init_clusters", self.init_clusters, 1)
+        for name in ("split_moves", "merge_moves"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}.")
+        if self.capacity is not None:
+            _check_int("capacity", self.capacity, 1)
         measure = self.measure if self.measure is not None else DP(self.alpha)
         if not isinstance(measure, (DP, PitmanYor)):
             raise ValueError(
@@ -133,18 +180,23 @@ class MAPDP:
     def fit(self, X: Any, y: Any = None) -> "MAPDP":
         measure = self._check_options()
         X = check_data(X)
-        family = self.family if self.family is not None else NormalGamma.from_data(X)
+        family = self.family if self.family is not None else mapdp_core.default_prior(X)
         X = check_data(X, family=family)
         Xj = jnp.asarray(X, dtype=jnp.result_type(float))
         n = X.shape[0]
-        capacity = int(self.capacity) if self.capacity is not None else min(n, 32)
+        init_clusters = min(int(self.init_clusters), n) if self.init == "kmeans++" else 1
+        if self.capacity is not None:
+            capacity = min(int(self.capacity), n)
+        else:
+            capacity = min(n, max(32, 2 * init_clusters))
         key = jax.random.key(0 if self.random_state is None else int(self.random_state))
         while True:
             best, runs = mapdp_core.fit(
                 key, Xj, measure, family, capacity, mode=self.mode,
                 n_restarts=int(self.n_restarts), tol=float(self.tol),
                 max_iter=int(self.max_iter), block_size=int(self.block_size),
-                split_moves=bool(self.split_moves),
+                split_moves=bool(self.split_moves), merge_moves=bool(self.merge_moves),
+                init_clusters=min(init_clusters, capacity),
             )
             if not bool(jnp.any(runs.clusters.overflow)):
                 break
@@ -163,11 +215,13 @@ class MAPDP:
         self.n_iter_ = int(best.n_iter)
         trace = np.asarray(best.nll_trace)
         self.nll_trace_ = trace[: self.n_iter_ + 1]
-        if self.n_clusters_ == 1 and not self.split_moves and n > 1:
+        if self.n_clusters_ == 1 and n > 1:
+            hint = (" Started from one cluster, point-by-point moves rarely split "
+                    "well-separated groups: try the defaults (init='kmeans++', split_moves=True, "
+                    "merge_moves=True)." if self.init == "one" or not self.split_moves else
+                    " Try a larger alpha or a prior with narrower clusters (family=...).")
             warnings.warn(
-                "MAP-DP kept all points in one cluster. Started from one cluster, its "
-                "point-by-point moves rarely split well-separated groups; if you expected "
-                "several clusters, pass split_moves=True (the NLL still never increases).",
+                "MAP-DP kept all points in one cluster." + hint,
                 SingleClusterWarning,
                 stacklevel=2,
             )
@@ -245,7 +299,8 @@ def select_alpha(
     """Choose the DP concentration for MAP-DP.
 
     ``method="nll"``: fit on all data for each alpha, return the alpha with the
-    lowest NLL ``−log p(X, Π̂ | α)``. ``method="heldout"``: ``n_folds``-fold
+    lowest NLL ``−log p(X, Π̂ | α)`` (the fits use ``MAPDP``'s defaults; with
+    ``family=None`` the default prior is computed once from ``X``). ``method="heldout"``: ``n_folds``-fold
     cross-validation of the mean log predictive density (``MAPDP.score``).
     Returns ``(best_alpha, scores)``, scores being NLL (lower is better) or
     held-out log density (higher is better) per alpha. ``progress_bar``: a tqdm
@@ -260,7 +315,8 @@ def select_alpha(
 
 def _select_alpha(X, alphas, family, method, n_folds, random_state, progress_bar, **mapdp_kwargs):
     X = check_data(X)
-    family = family if family is not None else NormalGamma.from_data(X)
+    # the default prior is computed once, so that every alpha is scored under the same prior
+    family = family if family is not None else mapdp_core.default_prior(X)
     alphas = [float(a) for a in alphas]
     if any(a <= 0 for a in alphas):
         raise ValueError("every alpha must be > 0.")
@@ -340,7 +396,8 @@ METHOD_OPTIONS = {
                    "chain_batching"),
     "tgmcmc": ("num_global_moves", "depth", "init", "local_moves", "chain_batching", "trees",
                "max_parts"),
-    "mapdp": ("n_restarts", "mode", "tol", "max_iter", "block_size", "split_moves"),
+    "mapdp": ("n_restarts", "mode", "tol", "max_iter", "block_size", "split_moves", "merge_moves",
+              "init", "init_clusters"),
 }
 
 #: points per block of prediction (inputs are padded to these sizes to reuse compiled code)
@@ -558,13 +615,14 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
     :param method: ``"gibbs"`` (collapsed Gibbs, ``bnp.CollapsedGibbs``),
         ``"splitmerge"`` (Jain-Neal split-merge + Gibbs, ``bnp.SplitMerge``),
         ``"tgmcmc"`` (tree-guided MCMC, ``bnp.TreeGuidedMCMC``; DP or NGGP) or
-        ``"mapdp"`` (the MAP partition by :class:`MAPDP`; DP or Pitman-Yor;
+        ``"mapdp"`` (the MAP partition by :class:`MAPDP` with its defaults; DP or Pitman-Yor;
         no draws: ``num_chains``, ``num_warmup``, ``num_samples`` and
         ``thinning`` are ignored).
     :param measure: the partition prior; ``None`` means ``DP(1.0)``.
     :param family: a conjugate family; ``None`` means
         ``NormalWishart.from_data(X)`` (the tgMCMC paper's settings; needs
-        at least 2 points and a non-singular sample covariance).
+        at least 2 points and a non-singular sample covariance); with
+        ``method="mapdp"`` it means :class:`MAPDP`'s default prior.
     :param num_chains: independent chains, run vectorized in one program.
     :param num_warmup: iterations discarded per chain.
     :param num_samples: draws kept per chain.
@@ -576,7 +634,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
     :param point_estimate: ``"vi"`` or ``"binder"``: the loss ``labels_`` minimises.
     :param method_options: extra keyword options of the method's kernel (see
         ``METHOD_OPTIONS``), e.g. ``{"num_split_merge": 5}`` or, for MAP-DP,
-        ``{"split_moves": True, "n_restarts": 4}``. Gibbs and split-merge
+        ``{"init": "one", "n_restarts": 4}``. Gibbs and split-merge
         start from a draw of the partition prior (``init_strategy="prior"``;
         the kernels' default, one cluster, can stay stuck for a long time on
         well-separated groups).
@@ -772,16 +830,18 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
             self.__dict__.pop(name, None)
         X = self._validate_X(X, reset=True)
         n = X.shape[0]
-        if self.family is None and n < 2:
+        if self.family is None and n < 2 and self.method != "mapdp":
             raise ValueError(
                 "The default family NormalWishart.from_data(X) needs at least 2 samples "
                 f"(got {n} sample); pass more points or a family."
             )
+        seed = 0 if self.random_state is None else int(self.random_state)
+        if self.method == "mapdp":  # MAPDP's own defaults, its default prior included
+            if self.family is not None:
+                X = check_data(X, family=self.family)
+            return self._fit_mapdp(X, measure, self.family, options, seed)
         family = self.family if self.family is not None else NormalWishart.from_data(X)
         X = check_data(X, family=family)
-        seed = 0 if self.random_state is None else int(self.random_state)
-        if self.method == "mapdp":
-            return self._fit_mapdp(X, measure, family, options, seed)
 
         if self.method in ("gibbs", "splitmerge"):
             # from one cluster, single-point moves rarely split well-separated groups
@@ -833,11 +893,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
             est.fit(X)
         for w in caught:
             if issubclass(w.category, SingleClusterWarning):
-                warnings.warn(
-                    "MAP-DP kept all points in one cluster; if you expected several, pass "
-                    "method_options={'split_moves': True} (the NLL still never increases).",
-                    SingleClusterWarning, stacklevel=3,
-                )
+                warnings.warn(str(w.message), SingleClusterWarning, stacklevel=3)
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         self.mapdp_ = est
@@ -849,7 +905,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
             "num_clusters": np.array([[est.n_clusters_]], dtype=np.int64),
         }
         self.measure_ = measure
-        self.family_ = family
+        self.family_ = est.family_
         self.capacity_ = None
         return self
 

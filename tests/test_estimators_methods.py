@@ -7,7 +7,6 @@ Each test compiles its own samplers (about 10 s of CPU each on a 2-core machine)
 from __future__ import annotations
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -59,12 +58,16 @@ def test_other_samplers_find_the_blobs(method, measure, options):
 
 
 def test_mapdp_delegates_to_MAPDP():
-    X, _ = _blobs(24)
-    with pytest.warns(SingleClusterWarning, match=re.escape("method_options={'split_moves': True}")):
-        dpm = DirichletProcessMixture(method="mapdp", random_state=3).fit(X)
-    with pytest.warns(SingleClusterWarning):
-        ref = MAPDP(alpha=1.0, family=bnp.NormalWishart.from_data(X), random_state=3).fit(X)
+    X, y = _blobs(24)
+    dpm = DirichletProcessMixture(method="mapdp", random_state=3).fit(X)
+    ref = MAPDP(alpha=1.0, random_state=3).fit(X)  # the same defaults, default prior included
     np.testing.assert_array_equal(dpm.labels_, ref.labels_)
+    assert dpm.n_clusters_ == 3 and adjusted_rand_score(y, dpm.labels_) == 1.0
+    # the paper's variant through method_options: one cluster, and the warning passes through
+    with pytest.warns(SingleClusterWarning, match="one cluster"):
+        DirichletProcessMixture(method="mapdp", method_options={
+            "init": "one", "split_moves": False, "merge_moves": False, "mode": "sequential"},
+            family=bnp.NormalWishart.from_data(X)).fit(X)
     np.testing.assert_allclose(dpm.predict_proba(X[:5]), ref.predict_proba(X[:5]))
     np.testing.assert_allclose(dpm.score_samples(X[:5]), ref.score_samples(X[:5]))
     assert dpm.posterior_samples_["labels"].shape == (1, 1, 24)

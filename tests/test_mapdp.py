@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -112,7 +114,7 @@ def test_sequential_matches_numpy_reference(loader, alpha):
     # fixed prior: prior mean variance 0.2 on standardised data
     prior = dict(m0=np.zeros(X.shape[1]), k0=0.1, a0=2.0, b0=np.full(X.shape[1], 0.2))
     z_ref, nll_ref, iters_ref, hist_ref = numpy_mapdp(X, alpha, **prior)
-    est = MAPDP(alpha=alpha, family=bnp.NormalGamma(**prior), mode="sequential").fit(X)
+    est = MAPDP.paper(alpha=alpha, family=bnp.NormalGamma(**prior)).fit(X)
     assert _same_partition(est.labels_, z_ref)
     np.testing.assert_allclose(est.nll_, nll_ref, rtol=1e-9)
     assert est.n_iter_ == iters_ref
@@ -134,16 +136,18 @@ def _uci(loader=load_breast_cancer):
 
 
 @pytest.mark.parametrize(
-    "mode, family_name, split_moves",
-    [("sequential", "NormalGamma", False), ("batched", "NormalGamma", False),
-     ("sequential", "NormalWishart", False), ("batched", "NormalWishart", True)],
+    "mode, family_name, split_moves, merge_moves",
+    [("sequential", "NormalGamma", False, False), ("batched", "NormalGamma", False, False),
+     ("sequential", "NormalWishart", False, False), ("batched", "NormalWishart", True, False),
+     ("batched", "NormalWishart", True, True)],
 )
-def test_nll_never_increases(mode, family_name, split_moves):
+def test_nll_never_increases(mode, family_name, split_moves, merge_moves):
     X, _, family = _uci(load_wine)
     if family_name == "NormalWishart":
         family = bnp.NormalWishart(np.zeros(X.shape[1]), 0.1, X.shape[1] + 2.0, 0.2 * np.eye(X.shape[1]))
     best, _ = mapdp_core.fit(jax.random.key(0), jnp.asarray(X), bnp.DP(1.0), family, capacity=64,
-                             mode=mode, block_size=16, n_restarts=1, split_moves=split_moves)
+                             mode=mode, block_size=16, n_restarts=1, split_moves=split_moves,
+                             merge_moves=merge_moves, init_clusters=16 if merge_moves else 1)
     trace = np.asarray(best.nll_trace)[: int(best.n_iter) + 1]
     assert int(best.n_iter) >= 2 and np.sum(np.asarray(best.clusters.counts) > 0) >= 2
     assert trace[-1] < trace[0]
@@ -152,24 +156,24 @@ def test_nll_never_increases(mode, family_name, split_moves):
 
 def test_batched_with_blocks_of_one_is_the_sequential_algorithm():
     X, _, family = _uci()
-    seq = MAPDP(family=family, mode="sequential").fit(X)
-    one = MAPDP(family=family, mode="batched", block_size=1).fit(X)
+    seq = MAPDP.paper(family=family).fit(X)
+    one = MAPDP.paper(family=family, mode="batched", block_size=1).fit(X)
     assert _same_partition(seq.labels_, one.labels_)
     np.testing.assert_allclose(one.nll_trace_, seq.nll_trace_, rtol=1e-9)
 
 
 def test_batched_blocks_reach_a_comparable_optimum():
     X, y, family = _uci()
-    seq = MAPDP(family=family, mode="sequential").fit(X)
-    bat = MAPDP(family=family, mode="batched", block_size=64).fit(X)
+    seq = MAPDP.paper(family=family).fit(X)
+    bat = MAPDP.paper(family=family, mode="batched", block_size=64).fit(X)
     assert bat.nll_ < bat.nll_trace_[0]
     assert abs(bat.nll_ - seq.nll_) < 0.02 * abs(seq.nll_)
 
 
 def test_restarts_keep_the_lowest_nll_and_reproduce():
     X, _, family = _uci()
-    est = MAPDP(family=family, n_restarts=4, random_state=0).fit(X)
-    est2 = MAPDP(family=family, n_restarts=4, random_state=0).fit(X)
+    est = MAPDP.paper(family=family, n_restarts=4, random_state=0).fit(X)
+    est2 = MAPDP.paper(family=family, n_restarts=4, random_state=0).fit(X)
     np.testing.assert_array_equal(est.labels_, est2.labels_)
     best, runs = mapdp_core.fit(jax.random.key(0), jnp.asarray(X), bnp.DP(1.0), family, 64, n_restarts=4)
     assert len(np.unique(np.asarray(runs.nll))) > 1  # the orders really differ
@@ -179,7 +183,7 @@ def test_restarts_keep_the_lowest_nll_and_reproduce():
 
 def test_pitman_yor_map():
     X, _, family = _uci()
-    est = MAPDP(measure=bnp.PitmanYor(1.0, 0.3), family=family).fit(X)
+    est = MAPDP.paper(measure=bnp.PitmanYor(1.0, 0.3), family=family).fit(X)
     assert est.n_clusters_ >= 2
     expected = -float(bnp.log_joint(X, jnp.asarray(est.labels_), bnp.PitmanYor(1.0, 0.3), family))
     np.testing.assert_allclose(est.nll_, expected, rtol=1e-9)
@@ -187,7 +191,7 @@ def test_pitman_yor_map():
 
 def test_predict_and_score_samples():
     X, _, family = _uci()
-    est = MAPDP(family=family).fit(X[:450])
+    est = MAPDP.paper(family=family).fit(X[:450])
     # training points are predicted into (almost always) their own cluster
     assert np.mean(est.predict(X[:450]) == est.labels_) > 0.9
     # mixture predictive density: direct formula from the fitted clusters
@@ -210,7 +214,7 @@ def test_alpha_selection_and_type2_ml():
     assert alpha in (0.01, 1.0, 100.0) and scores.shape == (3,)
     alpha_h, held = select_alpha(X, [0.1, 1.0], method="heldout", n_folds=2)
     assert np.all(np.isfinite(held))
-    est = MAPDP(split_moves=True).fit(X)
+    est = MAPDP().fit(X)
     family, hist = family_type2_ml(X, est.labels_, est.family_, steps=200)
     assert hist[-1] > hist[0]  # marginal likelihood went up
     stats = family.stats_from_labels(jnp.asarray(X), jnp.asarray(est.labels_), est.n_clusters_)
@@ -232,19 +236,35 @@ def test_bad_input_and_options():
         MAPDP(measure=bnp.NGGP(1.0, 0.5)).fit(X)
     with pytest.raises(ValueError, match="not fitted"):
         MAPDP().predict(X)
-    est = MAPDP(split_moves=True).fit(X)
+    with pytest.raises(ValueError, match="init"):
+        MAPDP(init="random").fit(X)
+    with pytest.raises(ValueError, match="init_clusters"):
+        MAPDP(init_clusters=0).fit(X)
+    with pytest.raises(TypeError, match="merge_moves"):
+        MAPDP(merge_moves="yes").fit(X)
+    with pytest.raises(ValueError, match="capacity"):
+        MAPDP(capacity=0).fit(X)
+    est = MAPDP().fit(X)
     with pytest.raises(ValueError, match="features"):
         est.predict(X[:, :2])
 
 
 def test_capacity_grows_instead_of_truncating():
     X, _, family = _uci()
-    reference = MAPDP(family=family).fit(X)
+    reference = MAPDP.paper(family=family).fit(X)
     assert reference.n_clusters_ > 4
-    small = MAPDP(family=family, capacity=2).fit(X)
+    small = MAPDP.paper(family=family, capacity=2).fit(X)
     assert small.n_clusters_ == reference.n_clusters_
     assert small.cluster_sizes_.sum() == X.shape[0]
     np.testing.assert_allclose(small.nll_, reference.nll_, rtol=1e-12)
+
+
+def test_capacity_grows_with_the_defaults():
+    """Split moves that need more slots than ``capacity`` grow it (refit), never truncate."""
+    X, y = _separated_groups()
+    est = MAPDP(capacity=2, init_clusters=2).fit(X)
+    assert est.n_clusters_ == 4 and est.cluster_sizes_.sum() == X.shape[0]
+    assert adjusted_rand_score(y, est.labels_) == 1.0
 
 
 def _separated_groups(n_per=150, seed=0):
@@ -257,10 +277,11 @@ def _separated_groups(n_per=150, seed=0):
 def test_split_moves_escape_the_one_cluster_start():
     """The paper's start keeps four separated groups together; split moves find them."""
     X, y = _separated_groups()
-    with pytest.warns(SingleClusterWarning, match="split_moves=True"):
-        plain = MAPDP().fit(X)
+    with pytest.warns(SingleClusterWarning, match="init='kmeans\\+\\+'"):
+        plain = MAPDP.paper(family=bnp.NormalGamma.from_data(X)).fit(X)
     assert plain.n_clusters_ == 1
-    est = MAPDP(split_moves=True, mode="batched", block_size=64).fit(X)
+    est = MAPDP(split_moves=True, init="one", merge_moves=False, mode="batched", block_size=64,
+                family=bnp.NormalGamma.from_data(X)).fit(X)
     assert est.n_clusters_ == 4 and est.cluster_sizes_.sum() == X.shape[0]
     assert adjusted_rand_score(y, est.labels_) == 1.0
     assert est.nll_ < plain.nll_
@@ -293,3 +314,68 @@ def test_split_round_exact_and_monotone(measure):
     assert bool(new.overflow)
     np.testing.assert_array_equal(np.asarray(new.labels), np.asarray(labels))
 
+
+
+# ----------------------------------------------------------------------------- the defaults
+def _thirty_gaussians(n=3000, d=10, k=30, seed=0):
+    """``k`` well separated diagonal Gaussians (means ~ N(0, 10^2), sds ~ U(0.5, 1.5))."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, k, n)
+    means = rng.normal(0.0, 10.0, (k, d))
+    sds = rng.uniform(0.5, 1.5, (k, d))
+    return means[y] + sds[y] * rng.normal(size=(n, d)), y
+
+
+@pytest.mark.parametrize("data", ["thirty_gaussians", "toy_ring"])
+def test_defaults_find_well_separated_clusters(data):
+    """``MAPDP()`` as shipped: right K, NMI >= 0.95, a monotone exact NLL trace."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    X, y = _thirty_gaussians() if data == "thirty_gaussians" else bnp.datasets.toy_ring()
+    k_true = len(np.unique(y))
+    est = MAPDP().fit(X)
+    assert normalized_mutual_info_score(y, est.labels_) >= 0.95
+    assert abs(est.n_clusters_ - k_true) <= 2
+    trace = est.nll_trace_
+    assert len(trace) == est.n_iter_ + 1 and np.all(np.isfinite(trace))
+    assert np.all(np.diff(trace) <= 1e-9 * np.abs(trace[:-1]))
+    expected = -float(bnp.log_joint(X, jnp.asarray(est.labels_), bnp.DP(1.0), est.family_))
+    np.testing.assert_allclose(est.nll_, expected, rtol=1e-9)
+    # the paper's algorithm on the same data and prior stays in far fewer clusters
+    if data == "toy_ring":
+        paper = MAPDP.paper(family=est.family_)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SingleClusterWarning)
+            paper.fit(X)
+        assert paper.n_clusters_ < k_true - 2 and paper.nll_ > est.nll_
+
+
+def test_single_cluster_warns_with_the_defaults():
+    """One Gaussian: the k-means++ start is merged back into one cluster, and the fit warns."""
+    X = np.random.default_rng(0).normal(size=(300, 3))
+    with pytest.warns(SingleClusterWarning, match="one cluster"):
+        est = MAPDP().fit(X)
+    assert est.n_clusters_ == 1
+    assert est.nll_trace_[-1] < est.nll_trace_[0]  # the 32-cluster start was worse
+
+
+@pytest.mark.parametrize("measure", [bnp.DP(1.0), bnp.PitmanYor(1.0, 0.5)], ids=["DP", "PY"])
+def test_merge_round_exact_and_monotone(measure):
+    """A merge round never raises the exact NLL and merges an over-split partition."""
+    X, y = _separated_groups(40)
+    X = jnp.asarray(X)
+    family = bnp.NormalGamma.from_data(X)
+    merge_round = jax.jit(mapdp_core.merge_round)
+    # each true group cut in two halves: merging the halves back must help
+    labels = jnp.asarray(2 * y + (np.arange(len(y)) % 2), jnp.int32)
+    st = init_clusters(family, X, labels, capacity=8)
+    before = -float(bnp.log_joint(X, labels, measure, family))
+    for _ in range(3):
+        new = merge_round(st, X, measure, family, X.std(0))
+        after = -float(bnp.log_joint(X, new.labels, measure, family))
+        np.testing.assert_allclose(float(mapdp_core.negative_log_joint(new, measure, family)), after,
+                                   rtol=1e-10)
+        assert after <= -float(bnp.log_joint(X, st.labels, measure, family)) + 1e-9
+        st = new
+    assert after < before
+    assert adjusted_rand_score(y, np.asarray(st.labels)) == 1.0

@@ -8,7 +8,7 @@ objective is ``NLL = −log p(X, Π)``.
 Modes
 -----
 ``sequential``
-    The paper's algorithm: all points start in one cluster; each sweep visits
+    The paper's sweep: each sweep visits
     the points in order (``lax.fori_loop`` via ``assignment_sweep``), remove /
     score / argmin / add. Each move is a coordinate-wise maximisation of the
     joint, so the NLL never increases. Stops when a sweep lowers the NLL by
@@ -32,7 +32,7 @@ every NormalGamma prior tried, the true one included. Informative priors on
 the cluster variances or larger ``α`` help; the UCI reproduction
 (``benchmarks/``) reports what the paper's empirical rule gives.
 
-Split moves (``split_moves=True``, off by default)
+Split moves (``split_moves=True``; on in ``MAPDP()``, off in :func:`fit`)
     When the sweeps have converged, every cluster proposes splits in two:
     its members are grouped by k-means (four proposals of 4 seeds drawn
     k-means++ style, ten Lloyd iterations on standardised coordinates, all
@@ -46,10 +46,37 @@ Split moves (``split_moves=True``, off by default)
     the single best split, or no split. Sweeps then start again; the run
     stops when a round keeps no split. Every step is a move to a partition
     with lower NLL, so the NLL still never increases, and MAP-DP escapes the
-    one-cluster start. With ``split_moves=False`` a run is the paper's
-    algorithm exactly.
+    one-cluster start.
 
-Restarts: ``n_restarts`` random point orders; sequential restarts are
+Merge moves (``merge_moves=True``; on in ``MAPDP()``, off in :func:`fit`)
+    When the sweeps have converged, every cluster scores merging with each of
+    its 8 nearest clusters (centroid distance, standardised coordinates) by
+    the exact change of ``log p(X, Π)``; pairs that chose each other with a
+    positive gain are merged, keeping the best of "all those merges", "the
+    single best merge" and "none" by exact NLL (``merge_round``). Rounds
+    repeat until none merges; then sweeps again if something merged, else a
+    split round. A run ends when neither a merge round nor a split round
+    changes the partition (or at ``max_iter``). Merges bring an
+    over-segmented start down to the right number of clusters.
+
+Start (``init_clusters``; 32 in ``MAPDP()``, 1 in :func:`fit`)
+    ``1`` is the paper's start (every point in one cluster). ``k > 1``: a
+    k-means++ seeding of ``k`` centres in standardised coordinates, five
+    Lloyd iterations (on at most ``LLOYD_SAMPLE`` points), each point in the
+    cluster of its nearest centre (``kmeanspp_labels``). This departs from
+    the paper; the NLL trace starts at the NLL of that partition.
+
+Prior (``MAPDP(family=None)``)
+    :func:`default_prior`: the paper's empirical NormalGamma prior (``m0`` =
+    mean, ``k0 = 1/N``, ``a0 = 1``) with ``b0`` = the within-group variance of
+    a 2-means clustering instead of the data variance (a departure: with the
+    data variance every cluster is a priori as wide as the data).
+
+With ``split_moves=False``, ``merge_moves=False`` and ``init_clusters=1``
+(:func:`fit`'s defaults; ``MAPDP.paper()``) and ``mode="sequential"`` a run
+is the paper's algorithm exactly.
+
+Restarts: ``n_restarts`` random point orders (and k-means++ seeds); sequential restarts are
 ``jax.vmap``-ed over PRNG keys, batched restarts run one after another
 (``lax.map``) so that the fallback branch is only computed when taken. The
 lowest NLL wins.
@@ -78,6 +105,10 @@ __all__ = [
     "block_proposal",
     "block_delta",
     "predict_log_weights",
+    "merge_round",
+    "split_round",
+    "kmeanspp_labels",
+    "default_prior",
 ]
 
 
@@ -345,52 +376,181 @@ def split_round(
     return out._replace(overflow=out.overflow | full)
 
 
+def kmeanspp_labels(key: jax.Array, Xs: jax.Array, k: int, lloyd_iters: int = 5) -> jax.Array:
+    """Labels ``(n,)`` in ``0..k-1``: k-means++ seeding, then ``lloyd_iters`` Lloyd iterations.
+
+    ``Xs`` are standardised coordinates. Seeding and Lloyd iterations use a random
+    subsample of at most ``LLOYD_SAMPLE`` points; every point then goes to its
+    nearest centre. Duplicate seeds leave some labels unused (empty slots).
+    """
+    n, _ = Xs.shape
+    m = min(n, LLOYD_SAMPLE)
+    k_sub, k_first, k_seed = jax.random.split(key, 3)
+    Y = Xs[jax.random.choice(k_sub, n, (m,), replace=False)] if m < n else Xs
+
+    def sqdist(A, mu):  # (points, k) squared distances without a (points, k, D) tensor
+        return jnp.maximum(
+            jnp.sum(A * A, 1)[:, None] - 2.0 * A @ mu.T + jnp.sum(mu * mu, 1)[None, :], 0.0
+        )
+
+    first = jax.random.randint(k_first, (), 0, m)
+    seeds = jnp.zeros((k, Xs.shape[1]), Xs.dtype).at[0].set(Y[first])
+    nearest = jnp.sum((Y - Y[first]) ** 2, axis=1)
+
+    def seed(j, carry):
+        mu, near = carry
+        log_d = jnp.where(near > 0, jnp.log(jnp.where(near > 0, near, 1.0)), -jnp.inf)
+        i = jnp.argmax(log_d + jax.random.gumbel(jax.random.fold_in(k_seed, j), (m,), Xs.dtype))
+        return mu.at[j].set(Y[i]), jnp.minimum(near, jnp.sum((Y - Y[i]) ** 2, axis=1))
+
+    seeds, _ = lax.fori_loop(1, k, seed, (seeds, nearest))
+
+    def lloyd(_, mu):
+        a = jnp.argmin(sqdist(Y, mu), axis=1)
+        tot = jax.ops.segment_sum(Y, a, num_segments=k)
+        cnt = jax.ops.segment_sum(jnp.ones(m, Xs.dtype), a, num_segments=k)
+        return jnp.where(cnt[:, None] > 0, tot / jnp.maximum(cnt, 1.0)[:, None], mu)
+
+    mu = lax.fori_loop(0, lloyd_iters, lloyd, seeds)
+    return jnp.argmin(sqdist(Xs, mu), axis=1).astype(jnp.int32)
+
+
+def merge_round(
+    clusters: ClusterState, X: jax.Array, measure: Measure, family, scale: jax.Array,
+    num_partners: int = 8,
+) -> ClusterState:
+    """One round of merge moves; never increases the NLL.
+
+    Every cluster is paired with each of its ``num_partners`` nearest clusters
+    (centroid distance in coordinates divided by ``scale``) and the exact change
+    of ``log p(X, Π)`` of merging the pair is computed (marginal likelihoods and
+    the EPPF). Each cluster picks its best partner; pairs that picked each other
+    with a positive gain are candidates (disjoint). The round keeps the best of
+    three partitions by exact NLL: all those merges, the single best merge, or
+    no merge. ``clusters.stats`` must match the labels.
+    """
+    labels, counts, stats = clusters.labels, clusters.counts, clusters.stats
+    capacity = counts.shape[0]
+    m = max(1, min(int(num_partners), capacity - 1))
+    active = counts > 0
+    cent = jax.ops.segment_sum(X / scale, labels, num_segments=capacity)
+    cent = cent / jnp.maximum(counts, 1).astype(X.dtype)[:, None]
+    sq = jnp.sum(cent * cent, 1)
+    d2 = sq[:, None] - 2.0 * cent @ cent.T + sq[None, :]
+    ok = active[:, None] & active[None, :] & ~jnp.eye(capacity, dtype=bool)
+    d2 = jnp.where(ok, d2, jnp.inf)
+    neg, partners = lax.top_k(-d2, m)  # (capacity, m)
+    pair_ok = jnp.isfinite(neg)
+    merged = jax.tree.map(
+        lambda s: (s[:, None] + s[partners]).reshape((capacity * m,) + s.shape[1:]), stats
+    )
+    base_lm = family.log_marginal(stats)
+    lm = family.log_marginal(merged).reshape(capacity, m)
+    delta_lik = lm - base_lm[:, None] - base_lm[partners]
+    base = measure.log_eppf(counts)
+    rows = jnp.repeat(jnp.arange(capacity), m)
+    cols = partners.reshape(-1)
+    delta_prior = jax.vmap(
+        lambda c, p: measure.log_eppf(counts.at[c].add(counts[p]).at[p].set(0)) - base
+    )(rows, cols).reshape(capacity, m)
+    gain = jnp.where(pair_ok, delta_lik + delta_prior, -jnp.inf)
+    j = jnp.argmax(gain, axis=1)
+    best_partner = partners[jnp.arange(capacity), j]
+    best_gain = gain[jnp.arange(capacity), j]
+    slots = jnp.arange(capacity)
+    mutual = (best_partner[best_partner] == slots) & (slots < best_partner) & (best_gain > 0)
+
+    def propose(accept):
+        target = slots.at[jnp.where(accept, best_partner, capacity)].set(slots, mode="drop")
+        st = clusters_from_labels(family, X, target[labels], capacity, clusters.overflow)
+        return st, negative_log_joint(st, measure, family)
+
+    all_st, all_nll = propose(mutual)
+    top = jnp.argmax(best_gain)
+    one_st, one_nll = propose((slots == top) & (best_gain > 0))
+    nll0 = negative_log_joint(clusters, measure, family)
+    pick_all = all_nll < jnp.minimum(one_nll, nll0)
+    pick_one = ~pick_all & (one_nll < nll0)
+    return jax.tree.map(
+        lambda x, y, z: jnp.where(pick_all, x, jnp.where(pick_one, y, z)), all_st, one_st, clusters
+    )
+
+
 def _one_run(
-    key, X, measure, family, capacity, order, mode, block_size, tol, max_iter, split_moves
+    key, X, measure, family, capacity, order, mode, block_size, tol, max_iter, split_moves,
+    merge_moves=False, init_clusters=1,
 ) -> MAPDPResult:
-    state = clusters_from_labels(family, X, jnp.zeros(X.shape[0], jnp.int32), capacity)
+    scale = jnp.where(jnp.std(X, axis=0) > 0, jnp.std(X, axis=0), 1.0)
+    if init_clusters > 1:
+        labels0 = kmeanspp_labels(jax.random.fold_in(key, 0x5EED), (X - jnp.mean(X, axis=0)) / scale,
+                                  min(init_clusters, capacity, X.shape[0]))
+    else:
+        labels0 = jnp.zeros(X.shape[0], jnp.int32)
+    state = clusters_from_labels(family, X, labels0, capacity)
     nll0 = negative_log_joint(state, measure, family)
     trace0 = jnp.full((max_iter + 1,), jnp.nan, X.dtype).at[0].set(nll0)
-    scale = jnp.where(jnp.std(X, axis=0) > 0, jnp.std(X, axis=0), 1.0)
+    moves = split_moves or merge_moves
+    # phases: 0 sweep, 1 merge round, 2 split round
+    first_move = 1 if merge_moves else 2
 
     def sweep(st):
         if mode == "sequential":
             return assignment_sweep(st, X, measure, family, order=order)
         return batched_sweep(st, X, measure, family, block_size, order=order)
 
+    def step(phase, st, it):
+        branches = [sweep]
+        branches.append((lambda s: merge_round(s, X, measure, family, scale)) if merge_moves
+                        else (lambda s: s))
+        branches.append(
+            (lambda s: split_round(jax.random.fold_in(key, it), s, X, measure, family, scale))
+            if split_moves else (lambda s: s)
+        )
+        if not moves:
+            return sweep(st)
+        return lax.switch(phase, branches, st)
+
     def cond(carry):
         return (carry[3] < max_iter) & ~carry[5]
 
     def body(carry):
-        st, nll, _, it, split_next, _, trace = carry
-        if split_moves:
-            new = lax.cond(
-                split_next,
-                lambda s: split_round(jax.random.fold_in(key, it), s, X, measure, family, scale),
-                sweep,
-                st,
-            )
-        else:
-            new = sweep(st)
+        st, nll, _, it, phase, _, trace, merged = carry
+        new = step(phase, st, it)
         # statistics rebuilt from the labels: the NLL is exact, not a sum of updates
         new = new._replace(stats=family.stats_from_labels(X, new.labels, capacity))
         new_nll = negative_log_joint(new, measure, family)
         changed = jnp.any(new.labels != st.labels)
         converged = (nll - new_nll < tol) | ~changed
-        # after a split round: stop if nothing was split, else sweep again
-        done = jnp.where(split_next, ~changed, converged & (not split_moves))
-        split_next = ~split_next & converged & split_moves
-        return new, new_nll, nll, it + 1, split_next, done, trace.at[it + 1].set(new_nll)
+        if not moves:
+            done = converged
+            next_phase = phase
+        else:
+            # sweep -> (converged) merge rounds -> (none left) split round -> sweep ...
+            # the run ends when neither a merge round nor a split round changes anything
+            after_merge = jnp.where(
+                changed, 1, jnp.where(merged, 0, 2 if split_moves else 0)
+            )
+            done = jnp.where(
+                phase == 0, False,
+                jnp.where(phase == 1, ~changed & ~merged & (not split_moves), ~changed),
+            )
+            next_phase = jnp.where(
+                phase == 0, jnp.where(converged, first_move, 0),
+                jnp.where(phase == 1, after_merge, 0),
+            ).astype(jnp.int32)
+            merged = jnp.where(phase == 1, merged | changed, False)
+        return (new, new_nll, nll, it + 1, next_phase, done, trace.at[it + 1].set(new_nll),
+                merged)
 
-    init = (state, nll0, jnp.asarray(jnp.inf, X.dtype), jnp.int32(0), jnp.array(False),
-            jnp.array(False), trace0)
-    st, nll, _, it, _, _, trace = lax.while_loop(cond, body, init)
+    init = (state, nll0, jnp.asarray(jnp.inf, X.dtype), jnp.int32(0), jnp.int32(0),
+            jnp.array(False), trace0, jnp.array(False))
+    st, nll, _, it, _, _, trace, _ = lax.while_loop(cond, body, init)
     return MAPDPResult(st, nll, it, trace)
 
 
 @functools.partial(
     jax.jit, static_argnames=("capacity", "mode", "n_restarts", "max_iter", "block_size", "shuffle",
-                     "split_moves")
+                     "split_moves", "merge_moves", "init_clusters")
 )
 def fit(
     key: jax.Array,
@@ -405,12 +565,17 @@ def fit(
     block_size: int = 4096,
     shuffle: bool | None = None,
     split_moves: bool = False,
+    merge_moves: bool = False,
+    init_clusters: int = 1,
 ) -> tuple[MAPDPResult, MAPDPResult]:
     """Run MAP-DP ``n_restarts`` times; return ``(best, all_runs)``.
 
     The first restart visits points in index order unless ``shuffle=True``
     (default: shuffle only when ``n_restarts > 1``); the others use random
     permutations drawn from ``key``. ``all_runs`` has a leading restart axis.
+    The defaults (one-cluster start, no merge or split moves) are the paper's
+    algorithm; ``MAPDP()`` calls this with ``mode="batched"``, ``split_moves``,
+    ``merge_moves`` and ``init_clusters=32`` (module docstring).
     """
     n = X.shape[0]
     if shuffle is None:
@@ -420,7 +585,8 @@ def fit(
     if not shuffle:
         orders = orders.at[0].set(jnp.arange(n))
     run = lambda ko: _one_run(  # noqa: E731
-        ko[0], X, measure, family, capacity, ko[1], mode, block_size, tol, max_iter, split_moves
+        ko[0], X, measure, family, capacity, ko[1], mode, block_size, tol, max_iter, split_moves,
+        merge_moves, init_clusters,
     )
     if n_restarts == 1:  # no batching: lax.cond runs one branch (under vmap it runs both)
         runs = jax.tree.map(lambda x: x[None], run((keys[0], orders[0])))
@@ -450,3 +616,52 @@ def predict_log_weights(
     log_prior = jax.vmap(lambda x: family.log_predictive_from_params(x, prior_params)[0])(X_new)
     existing = jnp.where(clusters.counts > 0, log_existing + log_pred, -jnp.inf)
     return existing, log_new + log_prior
+
+
+PRIOR_GROUPS = 2  # k-means groups behind the default prior's within-cluster variance
+PRIOR_SAMPLE = 4096  # points (at most) the default prior rule looks at
+
+
+def default_prior(X, groups: int = PRIOR_GROUPS, seed: int = 0):
+    """The default prior of :class:`jaxbnp.estimators.MAPDP` (``family=None``): a ``NormalGamma``.
+
+    ``m0`` = the per-dimension mean, ``k0 = 1/N`` and ``a0 = 1`` (the MAP-DP
+    paper's empirical prior), but ``b0`` = the per-dimension pooled
+    *within-group* variance of a ``groups``-means clustering (k-means++ seeds,
+    Lloyd iterations, in standardised coordinates, on at most ``PRIOR_SAMPLE``
+    points drawn with ``seed``), not the variance of the whole data set (the
+    paper's ``b0``, and ``NormalGamma.from_data``). With ``b0`` = the total
+    variance the prior says every cluster is as wide as the data, so that
+    splitting a cluster rarely pays. Deterministic; uses no labels; NumPy only.
+    """
+    import numpy as np
+
+    from ..models.families import NormalGamma
+
+    X = np.asarray(X, dtype=float)
+    n = X.shape[0]
+    var = X.var(axis=0)
+    var = np.where(var > 0, var, 1.0)
+    rng = np.random.default_rng(seed)
+    Y = X[rng.choice(n, PRIOR_SAMPLE, replace=False)] if n > PRIOR_SAMPLE else X
+    Z = (Y - Y.mean(axis=0)) / np.sqrt(var)
+    m = Z.shape[0]
+    k = max(1, min(int(groups), m))
+    mu = Z[[rng.integers(m)]]
+    near = np.sum((Z - mu[0]) ** 2, axis=1)
+    for _ in range(1, k):
+        total = near.sum()
+        i = rng.choice(m, p=near / total) if total > 0 else rng.integers(m)
+        mu = np.vstack([mu, Z[i]])
+        near = np.minimum(near, np.sum((Z - Z[i]) ** 2, axis=1))
+    for _ in range(20):
+        a = np.argmin(np.sum((Z[:, None, :] - mu[None]) ** 2, axis=-1), axis=1)
+        new = np.array([Z[a == j].mean(axis=0) if np.any(a == j) else mu[j] for j in range(k)])
+        if np.allclose(new, mu):
+            break
+        mu = new
+    a = np.argmin(np.sum((Z[:, None, :] - mu[None]) ** 2, axis=-1), axis=1)
+    centres = np.array([Y[a == j].mean(axis=0) if np.any(a == j) else Y.mean(axis=0) for j in range(k)])
+    within = np.sum((Y - centres[a]) ** 2, axis=0) / max(m - k, 1)
+    within = np.where(within > 1e-6 * var, within, var)
+    return NormalGamma(m0=X.mean(axis=0), k0=1.0 / n, a0=1.0, b0=within)
