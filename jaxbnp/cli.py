@@ -34,12 +34,12 @@ METHOD_DEFAULTS = {
     "splitmerge": dict(chains=2, warmup=50, samples=100, capacity=32, split_merge_moves=5),
     "gibbs": dict(chains=2, warmup=100, samples=200, capacity=32),
     "tgmcmc": dict(chains=2, warmup=30, samples=70, capacity=32),
-    "mapdp": dict(chains=1),
+    "mapdp": dict(chains=1, family=None),
     "ddt": dict(chains=4, warmup=40, samples=60, max_points=100),
     "bhmc": dict(chains=2, warmup=40, samples=60, max_points=500),
 }
 _GENERIC_DEFAULTS = dict(chains=2, warmup=100, samples=200, capacity=32, split_merge_moves=10,
-                         max_points=0)
+                         max_points=0, family="normal-wishart")
 
 
 def _load(path: str | None, labels_path: str | None):
@@ -168,7 +168,8 @@ def _cluster(args) -> int:
 
     X_raw, y, source = _load(args.data, args.labels)
     X = check_data(X_raw)
-    family = _make_family(args.family, X)
+    # --method mapdp without --family: MAPDP's own default prior (its docstring)
+    family = None if args.family is None else _make_family(args.family, X)
     X = check_data(X, family=family).astype(np.float64 if args.dtype == "float64" else np.float32)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,10 +184,9 @@ def _cluster(args) -> int:
         from .estimators import MAPDP
 
         options = {} if args.mapdp_mode is None else {"mode": args.mapdp_mode}
-        if args.paper:
-            options.update(MAPDP.PAPER_OPTIONS)
-        est = MAPDP(alpha=args.alpha, family=family, n_restarts=args.chains,
-                    random_state=args.seed, **options).fit(X)
+        make = MAPDP.paper if args.paper else MAPDP
+        est = make(alpha=args.alpha, family=family, n_restarts=args.chains,
+                   random_state=args.seed, **options).fit(X)
         best = est.labels_
         log_joint = -est.nll_trace_[None, :]
         num_clusters = np.array([[est.n_clusters_]])
@@ -359,7 +359,7 @@ def _cluster(args) -> int:
     else:
         variant = "the paper's algorithm" if args.paper else f"{est.mode} mode, defaults"
         print(f"method    mapdp ({variant}): {args.chains} restart(s), "
-              f"DP(alpha={args.alpha}), {args.family}, {est.n_iter_} iterations")
+              f"DP(alpha={args.alpha}), {args.family or 'default prior'}, {est.n_iter_} iterations")
     if z is not None:
         k = diagnostics["num_clusters"]
         print(f"clusters  {summary['clusters_point_estimate']} in the point estimate (min expected VI); "
@@ -420,7 +420,7 @@ def _apply_method_defaults(args) -> None:
     """Fill the options left unset (``None``) from :data:`METHOD_DEFAULTS`."""
     table = {**_GENERIC_DEFAULTS, **METHOD_DEFAULTS[args.method]}
     for name, value in table.items():
-        if getattr(args, name, None) is None:
+        if getattr(args, name, None) is None and (name != "family" or args.method != "mapdp"):
             setattr(args, name, value)
 
 
@@ -597,9 +597,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "MCMC, cut into clusters; bhmc: nested CRP + multilevel HDP mixture (Huang et al.), "
                    "writes labels_level{l}.csv per level and bhmc_tree.png. Each method has its own "
                    "defaults for --chains, --warmup, --samples, --capacity and --max-points")
-    c.add_argument("--family", default="normal-wishart",
+    c.add_argument("--family", default=None,
                    choices=["normal-wishart", "normal-gamma", "beta-bernoulli", "dirichlet-multinomial"],
-                   help="likelihood; priors from the data (tgMCMC settings for normal-wishart)")
+                   help="likelihood; priors from the data (tgMCMC settings for normal-wishart); default "
+                   "normal-wishart, and for mapdp MAPDP's default prior (NormalGamma, its variance "
+                   "from a 2-means split of the data)")
     c.add_argument("--alpha", type=float, default=1.0, help="DP concentration (default 1.0)")
     c.add_argument("--chains", type=int, default=None,
                    help="MCMC chains (one per CPU core when there are several), random-order restarts "

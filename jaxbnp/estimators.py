@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._cache import auto_enable
 from ._progress import bar as _progress_bar
 from ._progress import resolve as _resolve_progress
 from ._validation import check_data
@@ -180,6 +181,7 @@ class MAPDP:
     def fit(self, X: Any, y: Any = None) -> "MAPDP":
         measure = self._check_options()
         X = check_data(X)
+        auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         family = self.family if self.family is not None else mapdp_core.default_prior(X)
         X = check_data(X, family=family)
         Xj = jnp.asarray(X, dtype=jnp.result_type(float))
@@ -443,6 +445,9 @@ def _make_runner(method, options, capacity, num_chains, num_warmup, num_samples,
     # one kernel object for both programs: ``init`` (traced in ``start``) sets up the
     # sample function that ``advance`` calls; measure and family are model arguments
     kernel = kernel_cls(_dpm_model, capacity=capacity, **dict(options))
+    # the overflow flag stays in the state and ``run`` checks it after the last block: no
+    # host callback in the programs, so JAX's persistent compilation cache can keep them
+    kernel.host_overflow_check = False
 
     def collect(s):
         out = {"labels": s.z["z"], "log_joint": s.log_joint, "num_clusters": s.num_clusters}
@@ -488,6 +493,8 @@ def _make_runner(method, options, capacity, num_chains, num_warmup, num_samples,
             if bar is not None and not bar.disable:
                 jax.block_until_ready(carry)
                 bar.update(min(chunk, total - first))
+        if bool(np.any(np.asarray(carry[0].clusters.overflow))):
+            raise CapacityError(f"all {capacity} cluster slots are in use; the run is discarded")
         return carry
 
     return run
@@ -829,6 +836,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         for name in ("mapdp_", "_predictive"):  # a refit with another method starts clean
             self.__dict__.pop(name, None)
         X = self._validate_X(X, reset=True)
+        auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         n = X.shape[0]
         if self.family is None and n < 2 and self.method != "mapdp":
             raise ValueError(
@@ -859,8 +867,8 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
                     _, draws = run(jax.random.key(seed), Xj, measure, family, bar=bar)
                     draws = jax.device_get(draws)
                 break
-            except Exception as exc:  # grow the capacity on the host and start again
-                if "cluster slots are in use" not in str(exc) or capacity >= n:
+            except CapacityError:  # grow the capacity on the host and start again
+                if capacity >= n:
                     raise
                 capacity = min(2 * capacity, n)
         chains = int(self.num_chains)
