@@ -40,8 +40,10 @@ def _check_quickstart(ns):
 
 
 def _check_mapdp(ns):
-    # MAP-DP merges neighbouring ring clusters (its NLL is below the truth's): 5 clusters, NMI 0.75
+    # at 20 points per cluster the MAP partition merges neighbouring ring clusters: MAPDP()
+    # finds 5 (NMI 0.75) with an NLL 157 nats below the truth's; at 100 per cluster it finds the 13
     assert ns["est"].n_clusters_ >= 4 and ns["nmi"] > 0.6
+    assert ns["est"].nll_ < ns["nll_truth"]
     assert ns["alpha_nll"] in ns["alphas"] and len(ns["held"]) == len(ns["alphas"])
 
 
