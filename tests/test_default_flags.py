@@ -4,7 +4,7 @@ The suite compiles with ``--xla_backend_optimization_level=0
 --xla_cpu_use_fusion_emitters=false`` (``tests/conftest.py``), so it never
 compiles what users compile. These tests run the library in subprocesses whose
 ``XLA_FLAGS`` hold only ``--xla_force_host_platform_device_count=2``: a crash in
-XLA's default pipeline (an LLVM abort kills the process, rc 134) fails a test
+XLA's default pipeline (an LLVM abort, SIGABRT, kills the process) fails a test
 here instead of killing pytest, and the script's last ``RUN <name>`` line says
 which call broke.
 
@@ -22,8 +22,9 @@ vectorised loop (a 64-bit load of two int32 roots broadcast to v8i32). The
 library now writes the zeros with a scatter (``.at[root].set(0.0)``): same values.
 
 The bug is XLA's (jax/jaxlib 0.10.2), not the library's, and needs only a few
-lines of ``jax.numpy`` (``_XLA_REPRODUCER``: rows 4, 8 or 16 and 7 or 8 columns
-abort; 5, 6 or 9 columns, float32, or an int64 index do not)::
+lines of ``jax.numpy`` (``_XLA_REPRODUCER``; tried by hand: shapes (4, 7), (4, 8),
+(8, 7), (16, 7) abort; (2, 7), (4, 5), (4, 6), (4, 9), (8, 9), (4, 15) do not, nor
+float32, nor an int64 ``root`` argument, nor the mask followed by a single add)::
 
     jax.config.update("jax_enable_x64", True)
     f = lambda root, w, x, y: jnp.where(jnp.arange(7) == root[:, None], 0.0, w) + x + y
