@@ -184,9 +184,13 @@ def _candidate_log_likelihoods(tree: Tree, root, in_tree, X, sigma, noise, leaf,
         )
 
     m, w, k = lax.fori_loop(0, n - 1, down, (m, w, k))
-    # the root's outside message is the point mass at 0 at time 0
-    is_root = jnp.arange(2 * n - 1) == root
-    m, w, k = jnp.where(is_root[:, None], 0.0, m), jnp.where(is_root, 0.0, w), jnp.where(is_root, 0.0, k)
+    # the root's outside message is the point mass at 0 at time 0. Written as a
+    # scatter, not as ``where(arange(2n−1) == root, 0, ·)``: with float64, vmapped
+    # pairs and 2n−1 = 7 (4 points), XLA:CPU's default pipeline fused that mask (an int32
+    # per-row index against an iota) into the next elementwise loop, and LLVM's
+    # x86 backend aborted the process on AVX-512 CPUs ("Cannot select
+    # X86ISD::SUBV_BROADCAST_LOAD", tests/test_default_flags.py). Same values.
+    m, w, k = m.at[root].set(0.0), w.at[root].set(0.0), k.at[root].set(0.0)
     big_a = w + sig2 * (d - parent_time)
     big_b = var + sig2 * (time - d)
     big_e = sig2 * (1.0 - d) + noise ** 2
