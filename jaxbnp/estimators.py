@@ -21,6 +21,7 @@ Example
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import Any, Sequence
 
@@ -113,16 +114,20 @@ class MAPDP:
         return self
 
     def _check_options(self):
-        if self.mode not in ("sequential", "batched"):
+        if not isinstance(self.mode, str) or self.mode not in ("sequential", "batched"):
             raise ValueError(f"mode must be 'sequential' or 'batched', got {self.mode!r}.")
-        if int(self.n_restarts) < 1:
-            raise ValueError(f"n_restarts must be >= 1, got {self.n_restarts}.")
-        if int(self.max_iter) < 1:
-            raise ValueError(f"max_iter must be >= 1, got {self.max_iter}.")
-        if not self.tol >= 0:
-            raise ValueError(f"tol must be >= 0, got {self.tol}.")
-        if int(self.block_size) < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
+        _check_int("n_restarts", self.n_restarts, 1)
+        _check_int("max_iter", self.max_iter, 1)
+        _check_real("tol", self.tol, 0.0)
+        _check_int("block_size", self.block_size, 1)
+        if self.capacity is not None:
+            _check_int("capacity", self.capacity, 1)
+        if self.random_state is not None and (isinstance(self.random_state, bool)
+                                              or not isinstance(self.random_state, (int, np.integer))):
+            raise ValueError(f"random_state must be an integer seed or None, got {self.random_state!r}.")
+        if self.family is not None and not isinstance(self.family, Family):
+            raise TypeError(f"family must be a conjugate family (e.g. bnp.NormalGamma()) or None, "
+                            f"got {self.family!r}.")
         measure = self.measure if self.measure is not None else DP(self.alpha)
         if not isinstance(measure, (DP, PitmanYor)):
             raise ValueError(
@@ -538,6 +543,14 @@ def _is_sparse(X) -> bool:
     return scipy.sparse.issparse(X)
 
 
+def _check_real(name: str, value: Any, minimum: float) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a real number >= {minimum}, got {value!r}.")
+    if not (math.isfinite(float(value)) and float(value) >= minimum):
+        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value}.")
+    return float(value)
+
+
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
@@ -662,7 +675,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
     def _check_params(self):
         from .models.measures import NGGP
 
-        if self.method not in METHODS:
+        if not isinstance(self.method, str) or self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}.")
         measure = self.measure if self.measure is not None else DP(1.0)
         if not isinstance(measure, Measure):
@@ -688,7 +701,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         _check_int("thinning", self.thinning, 1)
         if self.capacity is not None:
             _check_int("capacity", self.capacity, 1)
-        if self.point_estimate not in ("vi", "binder"):
+        if not isinstance(self.point_estimate, str) or self.point_estimate not in ("vi", "binder"):
             raise ValueError(f"point_estimate must be 'vi' or 'binder', got {self.point_estimate!r}.")
         options = {} if self.method_options is None else self.method_options
         if not isinstance(options, dict):
@@ -722,7 +735,10 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         if np.issubdtype(arr.dtype, np.complexfloating):
             raise ValueError("Complex data not supported; pass real-valued X.")
         if arr.dtype == object:
-            arr = arr.astype(float)  # a TypeError names the offending entry
+            try:
+                arr = arr.astype(float)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"X must be numeric; an entry could not be converted to float ({exc}).") from exc
         if arr.ndim != 2:
             raise ValueError(
                 f"Expected a 2-D array X of shape (n_samples, n_features), got shape {arr.shape}. "
