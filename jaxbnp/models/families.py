@@ -254,7 +254,10 @@ class NormalGamma(Family):
         kn = p.k0 + n
         mn = (p.k0 * p.m0 + stats.sum_x) / kn
         an = p.a0 + 0.5 * n
-        bn = p.b0 + 0.5 * (stats.sum_xx + p.k0 * p.m0**2 - kn * mn**2)
+        # the scatter term is >= 0, but raw sums cancel: at scale 1e29 the rounding error
+        # (~1e42) exceeds b0 and made bn negative (NaN log marginal); clamp the rounding
+        scatter = stats.sum_xx + p.k0 * p.m0**2 - kn * mn**2
+        bn = p.b0 + 0.5 * (scatter * (scatter > 0))
         return kn, mn, an, bn
 
     @staticmethod
