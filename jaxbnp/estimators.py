@@ -256,6 +256,7 @@ def select_alpha(
     held-out log density (higher is better) per alpha. ``progress_bar``: a tqdm
     bar over the fits (``None``: auto, see ``jaxbnp._progress``).
     """
+    alphas = _check_select_alpha(alphas, method, n_folds)
     with warnings.catch_warnings():
         # one cluster is a legitimate answer for some alphas: compared, not warned about
         warnings.simplefilter("ignore", SingleClusterWarning)
@@ -541,6 +542,25 @@ def _is_sparse(X) -> bool:
     except ImportError:  # pragma: no cover - scipy comes with jax
         return False
     return scipy.sparse.issparse(X)
+
+
+def _check_select_alpha(alphas: Any, method: Any, n_folds: Any) -> list:
+    """``select_alpha``'s arguments checked before any fit: ``alphas`` as a non-empty list of
+    positive finite floats; ``n_folds`` an integer >= 2 for ``method="heldout"``."""
+    if isinstance(alphas, (str, bytes)) or not isinstance(alphas, (Sequence, np.ndarray)) or np.ndim(alphas) != 1:
+        raise ValueError(f"alphas must be a 1-D sequence of positive numbers, got {alphas!r}.")
+    if len(alphas) == 0:
+        raise ValueError("alphas is empty; pass at least one concentration, e.g. [0.1, 1.0, 10.0].")
+    out = []
+    for a in alphas:
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, float, np.integer, np.floating)):
+            raise ValueError(f"every alpha must be a positive number, got {a!r}.")
+        if not (math.isfinite(float(a)) and float(a) > 0):
+            raise ValueError(f"every alpha must be > 0 and finite, got {a}.")
+        out.append(float(a))
+    if method == "heldout":
+        _check_int("n_folds", n_folds, 2)
+    return out
 
 
 def _check_real(name: str, value: Any, minimum: float) -> float:

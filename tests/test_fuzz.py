@@ -105,6 +105,10 @@ def float_data(draw, shapes=SHAPES, scales=SCALES):
         X[:] = X[0]
     elif tweak == "ints":
         X = np.round(X / scale * 3).astype(np.int64)
+    if scale == 1.0 and tweak != "ints":
+        X = X.astype(draw(st.sampled_from([np.float64, np.float32, np.float16, np.int32, bool])))
+    elif draw(st.booleans()):
+        X = X.tolist()  # a Python list
     return X
 
 
@@ -224,26 +228,37 @@ def test_mapdp_fit_predict(X, alpha, family, split):
         return
     ok, est = _call("mapdp", lambda: bnp.MAPDP(alpha=alpha, family=f, split_moves=split).fit(X),
                     *DATA_WORDS)
-    assert ok, "MAP-DP rejected valid data"
+    if not ok:  # NormalWishart refuses data too large for the working precision
+        assert family == "nw", "MAP-DP rejected valid data"
+        return
     _check_mapdp(est, X)
     # a query with the wrong width or NaN is rejected
-    bad = np.full((2, X.shape[1] + 1), 0.0)
-    ok, _ = _call("mapdp", lambda: est.predict(bad), "feature", "column", "X")
+    d = np.asarray(X).shape[1]
+    ok, _ = _call("mapdp", lambda: est.predict(np.zeros((2, d + 1))), "feature", "column", "X")
     assert not ok
-    ok, _ = _call("mapdp", lambda: est.predict_proba(np.full((1, X.shape[1]), np.nan)), *DATA_WORDS)
+    ok, _ = _call("mapdp", lambda: est.predict_proba(np.full((1, d), np.nan)), *DATA_WORDS)
     assert not ok
 
 
 @pytest.mark.filterwarnings("ignore::jaxbnp.estimators.SingleClusterWarning")
 @settings(FIT, max_examples=12)
 @given(X=float_data(shapes=((2, 1), (5, 2), (12, 3)), scales=(1.0, 1e30, 1e-30)),
-       measure=st.sampled_from(["dp", "py"]), method=st.sampled_from(["gibbs", "mapdp"]))
-def test_dpm_fit_predict(X, measure, method):
+       measure=st.sampled_from(["dp", "py"]), method=st.sampled_from(["gibbs", "mapdp"]),
+       family=st.sampled_from(["ng", "ng", "default"]))
+def test_dpm_fit_predict(X, measure, method, family):
     m = bnp.DP(1.0) if measure == "dp" else bnp.PitmanYor(1.0, 0.3)
-    est = bnp.DirichletProcessMixture(method=method, measure=m, family=bnp.NormalGamma.from_data(X),
+    est = bnp.DirichletProcessMixture(method=method, measure=m,
+                                      family=bnp.NormalGamma.from_data(X) if family == "ng" else None,
                                       num_warmup=1, num_samples=2, random_state=0, progress_bar=False)
     ok, est = _call("dpm", lambda: est.fit(X), *DATA_WORDS)
-    assert ok
+    Xa = np.asarray(X, float)
+    if not ok:  # only the default NormalWishart.from_data may refuse (one point, singular
+        assert family == "default"  # covariance, or data too large for the working precision)
+        return
+    for bad in (np.full((1, Xa.shape[1]), np.nan), np.zeros((1, Xa.shape[1] + 1)), np.zeros(Xa.shape[1]),
+                None, "x"):
+        ok, _ = _call("dpm", lambda: est.predict(bad), *DATA_WORDS)
+        assert not ok
     n = len(X)
     _check_labels(est.labels_, n, est.n_clusters_)
     assert np.all(np.isfinite(est.posterior_samples_["log_joint"]))
@@ -251,6 +266,8 @@ def test_dpm_fit_predict(X, measure, method):
     _check_proba(est.predict_proba(Xq), len(Xq), est.n_clusters_)
     pred = est.predict(Xq)
     assert pred.shape == (len(Xq),) and pred.min() >= 0 and pred.max() < est.n_clusters_
+    new = est.predict(Xq, allow_new=True)
+    assert new.shape == (len(Xq),) and new.min() >= -1 and new.max() < est.n_clusters_
     assert np.all(np.isfinite(est.score_samples(Xq)))
     assert np.array_equal(est.fit_predict(X), est.labels_)
 
@@ -266,6 +283,24 @@ def test_select_alpha(X, alphas, method):
     assert ok
     best, scores = out
     assert best in alphas and scores.shape == (len(alphas),) and np.all(np.isfinite(scores))
+
+
+@CHEAP
+@given(alphas=st.sampled_from([[], [1.0, -1.0], [0.0], [np.nan], [np.inf], "abc", None, 1.0, [True], [[1.0]],
+                               [1.0], [1.0, 2.0]]),
+       method=st.sampled_from(["nll", "heldout", "bogus", None, 1]),
+       n_folds=st.sampled_from([2, 1, 0, 100, 2.5, "3", None, True]))
+def test_select_alpha_bad_args(alphas, method, n_folds):
+    X = np.random.default_rng(0).normal(size=(6, 2))
+    legal = isinstance(alphas, list) and len(alphas) > 0 and all(
+        isinstance(a, float) and math.isfinite(a) and a > 0 for a in alphas) and method in ("nll", "heldout") \
+        and (method == "nll" or isinstance(n_folds, int) and not isinstance(n_folds, bool) and 2 <= n_folds <= 6)
+    if legal:
+        return  # fits: covered by test_select_alpha
+    ok, _ = _call("select_alpha_args", lambda: bnp.select_alpha(X, alphas, method=method, n_folds=n_folds,
+                                                                progress_bar=False),
+                  "alpha", "method", "n_folds")
+    assert not ok, (alphas, method, n_folds)
 
 
 BAD_SCALARS = [0, -1, 0.0, -1.5, np.nan, np.inf, -np.inf, True, False, None, "1.0", "a",

@@ -511,6 +511,25 @@ class NormalWishart(Family):
             raise ValueError(
                 f"NormalWishart: psi is {d} x {d} but the data have {X.shape[1]} columns."
             )
+        # The statistics are raw sums (Σx xᵀ); a cluster of at most D points has a rank-deficient
+        # scatter, and psi must be resolved beside it. When the rounding error of x xᵀ in the
+        # working precision exceeds psi's smallest eigenvalue, Ψ_n stops being positive definite
+        # and the log marginal is NaN (float32 with data offset by 1e4, float64 by 1e9).
+        psi_c, m0_c = concrete_value(self.psi), concrete_value(self.m0)
+        if psi_c is None or m0_c is None or X.size == 0:
+            return
+        dtype = X.dtype if X.dtype in (np.float16, np.float32) else jnp.result_type(float)
+        eps = float(np.finfo(dtype).eps)
+        big = max(float(np.max(np.sum(np.square(X), axis=1))), float(np.sum(np.square(m0_c))))
+        lam = float(np.linalg.eigvalsh(np.asarray(psi_c, np.float64)).min())
+        if (d + 1) * eps * big > lam:
+            raise ValueError(
+                f"NormalWishart: the data reach |x| = {math.sqrt(big):.3g}, too large beside psi "
+                f"(smallest eigenvalue {lam:.3g}) for {np.dtype(dtype).name}: the sums of x x^T "
+                "cannot resolve psi and the posterior scale loses positive definiteness. Centre "
+                "and scale the columns, e.g. (X - X.mean(0)) / X.std(0)"
+                + (", or enable float64 (jax.config.update('jax_enable_x64', True))." if eps > 1e-10 else ".")
+            )
 
 
 # ----------------------------------------------------------------------------- Dirichlet-multinomial
