@@ -758,7 +758,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
             try:
                 arr = arr.astype(float)
             except (TypeError, ValueError) as exc:
-                raise TypeError(f"X must be numeric; an entry could not be converted to float ({exc}).") from exc
+                raise ValueError(f"X must be numeric; an entry could not be converted to float ({exc}).") from exc
         if arr.ndim != 2:
             raise ValueError(
                 f"Expected a 2-D array X of shape (n_samples, n_features), got shape {arr.shape}. "

@@ -36,7 +36,7 @@ import jaxbnp as bnp
 from jaxbnp.estimators import SingleClusterWarning
 
 settings.register_profile(
-    "fuzz-cheap", max_examples=300, deadline=None, derandomize=True,
+    "fuzz-cheap", max_examples=250, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile(
@@ -46,7 +46,8 @@ settings.register_profile(
 CHEAP = settings.get_profile("fuzz-cheap")
 FIT = settings.get_profile("fuzz-fit")
 
-COUNTS: Counter = Counter()
+EXAMPLES: Counter = Counter()  # examples run per test
+COUNTS: Counter = Counter()  # library calls per group
 OUTCOMES: Counter = Counter()
 
 # ------------------------------------------------------------------------------ helpers
@@ -176,6 +177,7 @@ def _check_proba(P, m, k):
 def test_invalid_data_rejected_before_compiling(X):
     """Bad X: MAPDP.fit, DirichletProcessMixture.fit, select_alpha and every from_data raise
     ValueError/TypeError naming X (rejected on the host: nothing compiles)."""
+    EXAMPLES["test_invalid_data_rejected_before_compiling"] += 1
     fams = (bnp.NormalGamma, bnp.NormalWishart, bnp.BetaBernoulli, bnp.DirichletMultinomial)
     valid = False
     arr = None
@@ -217,10 +219,11 @@ def _check_mapdp(est, X):
 
 
 @pytest.mark.filterwarnings("ignore::jaxbnp.estimators.SingleClusterWarning")
-@settings(FIT, max_examples=30)
+@settings(FIT, max_examples=20)
 @given(X=float_data(), alpha=st.sampled_from([1e-3, 1.0, 50.0]),
        family=st.sampled_from(["default", "ng", "nw"]), split=st.booleans())
 def test_mapdp_fit_predict(X, alpha, family, split):
+    EXAMPLES["test_mapdp_fit_predict"] += 1
     fam = {"default": lambda: None, "ng": lambda: bnp.NormalGamma.from_data(X),
            "nw": lambda: bnp.NormalWishart.from_data(X)}[family]
     ok, f = _call("mapdp", fam, *DATA_WORDS)
@@ -246,6 +249,7 @@ def test_mapdp_fit_predict(X, alpha, family, split):
        measure=st.sampled_from(["dp", "py"]), method=st.sampled_from(["gibbs", "mapdp"]),
        family=st.sampled_from(["ng", "ng", "default"]))
 def test_dpm_fit_predict(X, measure, method, family):
+    EXAMPLES["test_dpm_fit_predict"] += 1
     m = bnp.DP(1.0) if measure == "dp" else bnp.PitmanYor(1.0, 0.3)
     est = bnp.DirichletProcessMixture(method=method, measure=m,
                                       family=bnp.NormalGamma.from_data(X) if family == "ng" else None,
@@ -273,11 +277,12 @@ def test_dpm_fit_predict(X, measure, method, family):
 
 
 @pytest.mark.filterwarnings("ignore::jaxbnp.estimators.SingleClusterWarning")
-@settings(FIT, max_examples=10)
+@settings(FIT, max_examples=6)
 @given(X=float_data(shapes=((5, 2), (12, 3))),
        alphas=st.lists(st.sampled_from([0.1, 1.0, 10.0]), min_size=1, max_size=2),
        method=st.sampled_from(["nll", "heldout"]))
 def test_select_alpha(X, alphas, method):
+    EXAMPLES["test_select_alpha"] += 1
     ok, out = _call("select_alpha", lambda: bnp.select_alpha(X, alphas, method=method, n_folds=2,
                                                              progress_bar=False), *DATA_WORDS)
     assert ok
@@ -291,6 +296,7 @@ def test_select_alpha(X, alphas, method):
        method=st.sampled_from(["nll", "heldout", "bogus", None, 1]),
        n_folds=st.sampled_from([2, 1, 0, 100, 2.5, "3", None, True]))
 def test_select_alpha_bad_args(alphas, method, n_folds):
+    EXAMPLES["test_select_alpha_bad_args"] += 1
     X = np.random.default_rng(0).normal(size=(6, 2))
     legal = isinstance(alphas, list) and len(alphas) > 0 and all(
         isinstance(a, float) and math.isfinite(a) and a > 0 for a in alphas) and method in ("nll", "heldout") \
@@ -313,6 +319,7 @@ BAD_SCALARS = [0, -1, 0.0, -1.5, np.nan, np.inf, -np.inf, True, False, None, "1.
        value=st.sampled_from(BAD_SCALARS + ["batched", bnp.NGGP(1.0, 0.5), bnp.DP(1.0)]))
 def test_mapdp_bad_options(name, value):
     """Bad constructor options are rejected by fit before anything compiles."""
+    EXAMPLES["test_mapdp_bad_options"] += 1
     if name == "measure" and isinstance(value, bnp.DP) or name == "mode" and isinstance(value, str):
         return
     X = np.arange(8.0).reshape(4, 2)
@@ -336,6 +343,7 @@ def test_mapdp_bad_options(name, value):
                              "method_options"]),
        value=st.sampled_from(BAD_SCALARS + ["gibbs", {"bogus": 1}]))
 def test_dpm_bad_options(name, value):
+    EXAMPLES["test_dpm_bad_options"] += 1
     X = np.random.default_rng(0).normal(size=(4, 2))
     is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
     legal = {"num_chains": is_int and value >= 1, "num_warmup": is_int and value >= 0,
@@ -374,6 +382,7 @@ def _scalar_ok(v, lo=0.0, hi=None, lo_open=True):
 @CHEAP
 @given(a=HYPER, b=HYPER, c=HYPER, which=st.sampled_from(["DP", "PY", "NGGP"]))
 def test_measure_constructors(a, b, c, which):
+    EXAMPLES["test_measure_constructors"] += 1
     ctor = {"DP": lambda: bnp.DP(a), "PY": lambda: bnp.PitmanYor(a, b),
             "NGGP": lambda: bnp.NGGP(a, b, c)}[which]
     ok, m = _call("measures", ctor, "alpha", "d", "sigma", "tau", "discount")
@@ -410,6 +419,7 @@ def _vec_ok(v, positive, ndims=(0, 1)):
 @CHEAP
 @given(p=st.lists(VEC, min_size=4, max_size=4), which=st.sampled_from(["NG", "NW", "BB", "DM"]))
 def test_family_constructors(p, which):
+    EXAMPLES["test_family_constructors"] += 1
     names = ("m0", "k0", "a0", "b0", "r", "nu", "psi", "beta", "a", "b", "shape", "length")
     ctor = {"NG": lambda: bnp.NormalGamma(*p), "NW": lambda: bnp.NormalWishart(*p),
             "BB": lambda: bnp.BetaBernoulli(p[0], p[1]), "DM": lambda: bnp.DirichletMultinomial(p[0])}
@@ -457,6 +467,7 @@ def _labels_ok(v, n):
 @CHEAP
 @given(labels=LABELS, which=st.sampled_from(["DP", "PY", "NGGP"]), u=st.sampled_from([None, 1.0, -1.0, np.nan]))
 def test_partition_log_prob(labels, which, u):
+    EXAMPLES["test_partition_log_prob"] += 1
     m = {"DP": bnp.DP(1.0), "PY": bnp.PitmanYor(1.0, 0.3), "NGGP": bnp.NGGP(1.0, 0.5)}[which]
     names = ("labels", "value", "u", "partition", "measure", "num_points", "integer", "shape")
     ok, d = _call("partition", lambda: bnp.Partition(m, 3, u=u), *names)
@@ -474,6 +485,7 @@ def test_partition_log_prob(labels, which, u):
 @given(labels=LABELS, X=st.sampled_from(["ok", "nan", "wide", "short", "1d", "str", "none", "list"]),
        fam=st.sampled_from(["NG", "NW", "BB"]))
 def test_conjugate_mixture_log_prob(labels, X, fam):
+    EXAMPLES["test_conjugate_mixture_log_prob"] += 1
     f = {"NG": bnp.NormalGamma(), "NW": bnp.NormalWishart(np.zeros(2), 1.0, 3.0, np.eye(2)),
          "BB": bnp.BetaBernoulli()}[fam]
     base = np.array([[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
@@ -497,6 +509,7 @@ def test_conjugate_mixture_log_prob(labels, X, fam):
 @CHEAP
 @given(u=st.sampled_from([1.0, 0.0, -1.0, np.nan, np.inf, 1e-30, 1e30, "a", None, jnp.array([1.0, 2.0])]))
 def test_auxiliary_u_log_prob(u):
+    EXAMPLES["test_auxiliary_u_log_prob"] += 1
     ok, lp = _call("auxiliary_u", lambda: bnp.AuxiliaryU().log_prob(u), "u", "positive", "value", "finite")
     legal = not isinstance(u, str) and u is not None and np.all(np.isfinite(np.asarray(u, float))) \
         and np.all(np.asarray(u, float) > 0)
@@ -511,6 +524,7 @@ def test_auxiliary_u_log_prob(u):
        noise=st.sampled_from([0.0, 0.1, -0.1, np.nan, None]),
        X=st.sampled_from(["ok", "nan", "short", "1d", "huge"]))
 def test_ddt_log_prob(c, n, sigma, noise, X):
+    EXAMPLES["test_ddt_log_prob"] += 1
     from jaxbnp.models import ddt
 
     names = ("c", "num_points", "sigma", "noise", "X", "tree", "shape", "finite", "leaves")
@@ -577,9 +591,10 @@ def _write(tmp, kind, X):
 
 
 @pytest.mark.filterwarnings("ignore::jaxbnp.estimators.SingleClusterWarning")
-@settings(FIT, max_examples=40)
+@settings(FIT, max_examples=30)
 @given(case=data_file())
 def test_cli_on_files(case, tmp_path_factory):
+    EXAMPLES["test_cli_on_files"] += 1
     from jaxbnp.cli import main
 
     kind, X, labels, method, family = case
@@ -622,6 +637,9 @@ def test_cli_on_files(case, tmp_path_factory):
 def test_zz_example_counts():
     """Prints the examples each test ran (run the file with ``-s`` to see them)."""
     print("\nfuzz examples per test:")
+    for name, k in sorted(EXAMPLES.items()):
+        print(f"  {name:40s} {k:5d}")
+    print("library calls per group:")
     for name, k in sorted(COUNTS.items()):
         acc, rej = OUTCOMES[name, "accepted"], OUTCOMES[name, "rejected"]
         print(f"  {name:22s} {k:5d} calls ({acc} accepted, {rej} rejected)")
