@@ -26,7 +26,6 @@ def _load(path: str | None, labels_path: str | None):
     import warnings
 
     from ._validation import check_data
-
     from .datasets import load_default
 
     if path is None:
