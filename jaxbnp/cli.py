@@ -43,26 +43,53 @@ _GENERIC_DEFAULTS = dict(chains=2, warmup=100, samples=200, capacity=32, split_m
 
 
 def _load(path: str | None, labels_path: str | None):
+    """``(X, y, source)``: a finite 2-D float array and integer labels (or ``None``); a file
+    that cannot be read or checked ends the program with a message (``SystemExit``)."""
+    import warnings
+
+    from ._validation import check_data
     from .datasets import load_default
 
     if path is None:
         X, y = load_default()
         return X, y, "toy_ring (embedded default, 1300 x 2, 13 clusters)"
     p = Path(path)
-    if not p.exists():
+    if not p.is_file():
         raise SystemExit(f"jaxbnp: data file {p} does not exist.")
-    if p.suffix == ".npy":
-        X = np.load(p)
-    elif p.suffix in (".csv", ".txt", ".tsv"):
-        delimiter = "," if p.suffix == ".csv" else None
-        X = np.loadtxt(p, delimiter=delimiter, ndmin=2)
-    else:
+    if p.suffix not in (".npy", ".csv", ".txt", ".tsv"):
         raise SystemExit(f"jaxbnp: cannot read {p.suffix!r} files; pass a .csv, .txt or .npy file.")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy's "Empty input file" and the like
+            if p.suffix == ".npy":
+                X = np.load(p, allow_pickle=False)
+            else:
+                delimiter = "," if p.suffix == ".csv" else None
+                X = np.loadtxt(p, delimiter=delimiter, ndmin=2)
+        X = check_data(X, name=f"the data in {p}")
+    except (ValueError, TypeError, OSError, EOFError, UserWarning) as exc:
+        raise SystemExit(f"jaxbnp: cannot use {p}: {exc}") from None
+    big = float(np.max(np.abs(X)))
+    if big * big * X.shape[0] > float(np.finfo(np.float32).max) / 16:
+        raise SystemExit(
+            f"jaxbnp: {p} has values up to {big:.3g}; the command line computes in float32, "
+            "where their squared sums overflow. Rescale the data (e.g. standardise the columns)."
+        )
     y = None
     if labels_path is not None:
-        y = np.loadtxt(labels_path).astype(int).ravel()
+        lp = Path(labels_path)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                y = np.loadtxt(lp, ndmin=1)
+        except (ValueError, OSError, UserWarning) as exc:
+            raise SystemExit(f"jaxbnp: cannot read the labels in {lp}: {exc}") from None
+        y = y.ravel()
         if len(y) != len(X):
             raise SystemExit(f"jaxbnp: {labels_path} has {len(y)} labels for {len(X)} points.")
+        if not (np.all(np.isfinite(y)) and np.all(np.round(y) == y)):
+            raise SystemExit(f"jaxbnp: {labels_path} must hold integer labels, one per line.")
+        y = y.astype(int)
     return X, y, str(p)
 
 
@@ -697,7 +724,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.dtype == "float64":  # float32 data stay float32 where x64 is on (as in a test process)
             jax.config.update("jax_enable_x64", True)
         enable_compilation_cache(not args.no_compile_cache)
-        return _cluster(args)
+        try:
+            return _cluster(args)
+        except ValueError as exc:  # data the --family cannot model (check_data, from_data)
+            raise SystemExit(f"jaxbnp: {exc}") from None
     return 1  # pragma: no cover
 
 

@@ -21,6 +21,7 @@ Example
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import Any, Sequence
 
@@ -153,24 +154,26 @@ class MAPDP:
         return self
 
     def _check_options(self):
-        if self.mode not in ("sequential", "batched"):
+        if not isinstance(self.mode, str) or self.mode not in ("sequential", "batched"):
             raise ValueError(f"mode must be 'sequential' or 'batched', got {self.mode!r}.")
-        if int(self.n_restarts) < 1:
-            raise ValueError(f"n_restarts must be >= 1, got {self.n_restarts}.")
-        if int(self.max_iter) < 1:
-            raise ValueError(f"max_iter must be >= 1, got {self.max_iter}.")
-        if not self.tol >= 0:
-            raise ValueError(f"tol must be >= 0, got {self.tol}.")
-        if int(self.block_size) < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
-        if self.init not in ("kmeans++", "one"):
+        _check_int("n_restarts", self.n_restarts, 1)
+        _check_int("max_iter", self.max_iter, 1)
+        _check_real("tol", self.tol, 0.0)
+        _check_int("block_size", self.block_size, 1)
+        if self.capacity is not None:
+            _check_int("capacity", self.capacity, 1)
+        if self.random_state is not None and (isinstance(self.random_state, bool)
+                                              or not isinstance(self.random_state, (int, np.integer))):
+            raise ValueError(f"random_state must be an integer seed or None, got {self.random_state!r}.")
+        if self.family is not None and not isinstance(self.family, Family):
+            raise TypeError(f"family must be a conjugate family (e.g. bnp.NormalGamma()) or None, "
+                            f"got {self.family!r}.")
+        if not isinstance(self.init, str) or self.init not in ("kmeans++", "one"):
             raise ValueError(f"init must be 'kmeans++' or 'one', got {self.init!r}.")
         _check_int("init_clusters", self.init_clusters, 1)
         for name in ("split_moves", "merge_moves"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}.")
-        if self.capacity is not None:
-            _check_int("capacity", self.capacity, 1)
         measure = self.measure if self.measure is not None else DP(self.alpha)
         if not isinstance(measure, (DP, PitmanYor)):
             raise ValueError(
@@ -308,6 +311,7 @@ def select_alpha(
     held-out log density (higher is better) per alpha. ``progress_bar``: a tqdm
     bar over the fits (``None``: auto, see ``jaxbnp._progress``).
     """
+    alphas = _check_select_alpha(alphas, method, n_folds)
     with warnings.catch_warnings():
         # one cluster is a legitimate answer for some alphas: compared, not warned about
         warnings.simplefilter("ignore", SingleClusterWarning)
@@ -602,6 +606,33 @@ def _is_sparse(X) -> bool:
     return scipy.sparse.issparse(X)
 
 
+def _check_select_alpha(alphas: Any, method: Any, n_folds: Any) -> list:
+    """``select_alpha``'s arguments checked before any fit: ``alphas`` as a non-empty list of
+    positive finite floats; ``n_folds`` an integer >= 2 for ``method="heldout"``."""
+    if isinstance(alphas, (str, bytes)) or not isinstance(alphas, (Sequence, np.ndarray)) or np.ndim(alphas) != 1:
+        raise ValueError(f"alphas must be a 1-D sequence of positive numbers, got {alphas!r}.")
+    if len(alphas) == 0:
+        raise ValueError("alphas is empty; pass at least one concentration, e.g. [0.1, 1.0, 10.0].")
+    out = []
+    for a in alphas:
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, float, np.integer, np.floating)):
+            raise ValueError(f"every alpha must be a positive number, got {a!r}.")
+        if not (math.isfinite(float(a)) and float(a) > 0):
+            raise ValueError(f"every alpha must be > 0 and finite, got {a}.")
+        out.append(float(a))
+    if method == "heldout":
+        _check_int("n_folds", n_folds, 2)
+    return out
+
+
+def _check_real(name: str, value: Any, minimum: float) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a real number >= {minimum}, got {value!r}.")
+    if not (math.isfinite(float(value)) and float(value) >= minimum):
+        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value}.")
+    return float(value)
+
+
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
@@ -727,7 +758,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
     def _check_params(self):
         from .models.measures import NGGP
 
-        if self.method not in METHODS:
+        if not isinstance(self.method, str) or self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}.")
         measure = self.measure if self.measure is not None else DP(1.0)
         if not isinstance(measure, Measure):
@@ -753,7 +784,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         _check_int("thinning", self.thinning, 1)
         if self.capacity is not None:
             _check_int("capacity", self.capacity, 1)
-        if self.point_estimate not in ("vi", "binder"):
+        if not isinstance(self.point_estimate, str) or self.point_estimate not in ("vi", "binder"):
             raise ValueError(f"point_estimate must be 'vi' or 'binder', got {self.point_estimate!r}.")
         options = {} if self.method_options is None else self.method_options
         if not isinstance(options, dict):
@@ -787,7 +818,10 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         if np.issubdtype(arr.dtype, np.complexfloating):
             raise ValueError("Complex data not supported; pass real-valued X.")
         if arr.dtype == object:
-            arr = arr.astype(float)  # a TypeError names the offending entry
+            try:
+                arr = arr.astype(float)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"X must be numeric; an entry could not be converted to float ({exc}).") from exc
         if arr.ndim != 2:
             raise ValueError(
                 f"Expected a 2-D array X of shape (n_samples, n_features), got shape {arr.shape}. "

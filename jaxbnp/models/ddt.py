@@ -627,6 +627,8 @@ def _check_positive(value, name: str, what: str) -> None:
     if value is None:
         raise ValueError(f"{name} must be given ({what}).")
     if _concrete(value):
+        if isinstance(value, (bool, np.bool_, str, bytes)) or np.asarray(value).dtype.kind not in "iuf":
+            raise TypeError(f"{name} must be a real number ({what}), got {value!r}.")
         arr = np.asarray(value, dtype=float)
         if arr.ndim != 0:
             raise ValueError(f"{name} must be a scalar, got shape {arr.shape}.")
@@ -659,6 +661,8 @@ class DiffusionTree(dist.Distribution):
 
     def __init__(self, c: Any, num_points: int, *, validate_args=None):
         _check_positive(c, "DiffusionTree: c", "the divergence parameter of a(t) = c/(1-t)")
+        if isinstance(num_points, (bool, np.bool_)) or not isinstance(num_points, (int, np.integer)):
+            raise TypeError(f"DiffusionTree: num_points must be an integer, got {num_points!r}.")
         num_points = int(num_points)
         if num_points < 2:
             raise ValueError(f"DiffusionTree: num_points must be >= 2, got {num_points}.")
@@ -674,6 +678,11 @@ class DiffusionTree(dist.Distribution):
         return jax.tree.map(lambda a: a.reshape(tuple(sample_shape) + a.shape[1:]), trees)
 
     def log_prob(self, value: Tree):
+        if not isinstance(value, Tree):
+            raise TypeError(
+                f"DiffusionTree.log_prob: value must be a jaxbnp Tree (a DiffusionTree sample), "
+                f"got {type(value).__name__}."
+            )
         if value.parent.shape[-1] != 2 * self.num_points - 1:
             raise ValueError(
                 f"DiffusionTree.log_prob: the tree has {num_leaves(value)} leaves, expected {self.num_points}."
@@ -727,6 +736,14 @@ class BrownianLeaves(dist.Distribution):
         return constraints.independent(constraints.real, 2)
 
     def log_prob(self, value):
+        if value is None or isinstance(value, str):
+            raise TypeError(f"BrownianLeaves.log_prob: value (X) must be an (n, D) array, got {value!r}.")
+        if _concrete(value):
+            arr = np.asarray(value)
+            if arr.dtype.kind not in "biuf":
+                raise TypeError(f"BrownianLeaves.log_prob: value (X) must be numeric, got dtype {arr.dtype}.")
+            if not np.all(np.isfinite(arr)):
+                raise ValueError("BrownianLeaves.log_prob: value (X) contains NaN or inf.")
         return log_likelihood(self.tree, jnp.asarray(value), self.sigma, self.noise)
 
     def sample(self, key, sample_shape=()):

@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
@@ -42,6 +43,40 @@ from .families import (
 from .measures import Measure
 
 __all__ = ["Partition", "ConjugateMixture", "AuxiliaryU", "log_joint"]
+
+
+def _concrete_array(value: Any, owner: str, name: str):
+    """``value`` as a NumPy array when it is concrete (``None`` while traced), or a
+    ``TypeError`` naming ``owner: name`` for ``None``, strings and other non-numeric values."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    if value is None:
+        raise TypeError(f"{owner}: {name} must be an array, got None.")
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # ragged lists, exotic objects
+        raise TypeError(f"{owner}: {name} could not be converted to an array ({exc}).") from exc
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{owner}: {name} must be numeric, got dtype {arr.dtype}.")
+    return arr
+
+
+def _check_labels_value(value: Any, num_points: int, owner: str, name: str = "labels") -> None:
+    """Concrete labels: integers (or integer-valued floats) in ``0..num_points-1``, last axis ``num_points``."""
+    arr = _concrete_array(value, owner, name)
+    if arr is None:
+        return
+    if arr.ndim == 0 or arr.shape[-1] != num_points:
+        raise ValueError(f"{owner}: {name} must have shape (..., {num_points}), got {arr.shape}.")
+    if arr.dtype.kind == "b":
+        raise TypeError(f"{owner}: {name} must be integer cluster ids, got booleans.")
+    if arr.dtype.kind == "f" and not (np.all(np.isfinite(arr)) and np.all(np.round(arr) == arr)):
+        raise ValueError(f"{owner}: {name} must be integer cluster ids, got non-integer values.")
+    if arr.size and (arr.min() < 0 or arr.max() > num_points - 1):
+        raise ValueError(
+            f"{owner}: {name} must lie in 0..{num_points - 1} (one id per point), "
+            f"got values from {arr.min()} to {arr.max()}."
+        )
 
 
 class Partition(dist.Distribution):
@@ -62,11 +97,17 @@ class Partition(dist.Distribution):
             raise ValueError(
                 f"Partition: measure must be bnp.DP, bnp.PitmanYor or bnp.NGGP, got {measure!r}."
             )
+        if isinstance(num_points, (bool, np.bool_)) or not isinstance(num_points, (int, np.integer)):
+            raise TypeError(f"Partition: num_points must be an integer, got {num_points!r}.")
         num_points = int(num_points)
         if num_points < 1:
             raise ValueError(f"Partition: num_points must be >= 1, got {num_points}.")
         if u is not None and not measure.has_auxiliary:
             raise ValueError(f"Partition: u is only used with NGGP, not {type(measure).__name__}.")
+        if u is not None:
+            uc = _concrete_array(u, "Partition", "u")
+            if uc is not None and not (uc.dtype.kind in "iuf" and np.all(np.isfinite(uc)) and np.all(uc > 0)):
+                raise ValueError(f"Partition: u must be finite and > 0 (the NGGP auxiliary variable), got {u!r}.")
         self.measure = measure
         self.num_points = num_points
         self.u = u
@@ -86,6 +127,7 @@ class Partition(dist.Distribution):
         )
 
     def log_prob(self, value):
+        _check_labels_value(value, self.num_points, "Partition.log_prob", "value (labels)")
         value = jnp.asarray(value)
         if value.ndim > 1:
             return jax.vmap(self.log_prob)(value.reshape((-1, self.num_points))).reshape(
@@ -139,6 +181,10 @@ class ConjugateMixture(dist.Distribution):
                 "ConjugateMixture: family must be bnp.NormalGamma, bnp.NormalWishart, "
                 f"bnp.DirichletMultinomial or bnp.BetaBernoulli, got {family!r}."
             )
+        if np.ndim(labels) == 1:
+            _check_labels_value(labels, np.shape(labels)[0], "ConjugateMixture", "labels")
+        elif labels is None or isinstance(labels, str):
+            raise TypeError(f"ConjugateMixture: labels must be a 1-D integer array, got {labels!r}.")
         labels = jnp.asarray(labels)
         if labels.ndim != 1:
             raise ValueError(f"ConjugateMixture: labels must be 1-D, got shape {labels.shape}.")
@@ -159,6 +205,17 @@ class ConjugateMixture(dist.Distribution):
         return jnp.where(stats.n > 0, self.family.log_marginal(stats), 0.0)
 
     def log_prob(self, value):
+        arr = _concrete_array(value, "ConjugateMixture.log_prob", "value (X)")
+        if arr is not None:
+            n = self.labels.shape[0]
+            if arr.ndim != 2 or arr.shape[0] != n:
+                raise ValueError(
+                    f"ConjugateMixture.log_prob: value (X) must have shape ({n}, D), one row per "
+                    f"label, got {arr.shape}."
+                )
+            if not np.all(np.isfinite(arr)):
+                raise ValueError("ConjugateMixture.log_prob: value (X) contains NaN or inf.")
+            self.family.validate_data(arr.astype(float))
         return jnp.sum(self.cluster_log_marginals(jnp.asarray(value)))
 
     def sample(self, key, sample_shape=()):
@@ -209,6 +266,12 @@ class AuxiliaryU(dist.ImproperUniform):
 
     def __init__(self, *, validate_args=None):
         super().__init__(constraints.positive, (), (), validate_args=validate_args)
+
+    def log_prob(self, value):
+        arr = _concrete_array(value, "AuxiliaryU.log_prob", "u")
+        if arr is not None and not (np.all(np.isfinite(arr)) and np.all(arr > 0)):
+            raise ValueError(f"AuxiliaryU.log_prob: u must be finite and > 0, got {value!r}.")
+        return super().log_prob(value)
 
 
 def log_joint(X, labels, measure: Measure, family: Family, u=None) -> jax.Array:

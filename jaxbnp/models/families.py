@@ -68,8 +68,29 @@ def _log_beta(a, b, m=_JAX_MATH):
     return m.gammaln(a) + m.gammaln(b) - m.gammaln(a + b)
 
 
-def _require_positive(owner: str, name: str, value: Any) -> None:
+def _as_float(owner: str, name: str, value: Any, ndims=(0, 1)) -> np.ndarray | None:
+    """``value`` as a float NumPy array (``None`` while traced), or a ``TypeError``/``ValueError``
+    naming ``owner: name`` for ``None``, booleans, strings, complex numbers and wrong ranks."""
+    if value is None:
+        raise TypeError(f"{owner}: {name} must be a number, got None.")
     c = concrete_value(value)
+    if c is None:
+        return None
+    if c.dtype == bool or c.dtype.kind in "OSUVc":
+        kind = "boolean" if c.dtype == bool else "complex" if c.dtype.kind == "c" else "non-numeric"
+        raise TypeError(f"{owner}: {name} must be a real number, got {kind} {value!r}.")
+    c = c.astype(float)
+    if c.ndim not in ndims:
+        what = "a scalar" if ndims == (0,) else "a scalar or a 1-D vector" if ndims == (0, 1) else \
+            f"an array with {ndims} dimensions"
+        raise ValueError(f"{owner}: {name} must be {what}, got shape {c.shape}.")
+    if c.size == 0:
+        raise ValueError(f"{owner}: {name} is empty (shape {c.shape}).")
+    return c
+
+
+def _require_positive(owner: str, name: str, value: Any, ndims=(0, 1)) -> None:
+    c = _as_float(owner, name, value, ndims)
     if c is None:
         return
     if not np.all(np.isfinite(c)):
@@ -78,10 +99,29 @@ def _require_positive(owner: str, name: str, value: Any) -> None:
         raise ValueError(f"{owner}: {name} must be > 0, got {c}. Pass a positive value.")
 
 
-def _require_finite(owner: str, name: str, value: Any) -> None:
-    c = concrete_value(value)
+def _require_finite(owner: str, name: str, value: Any, ndims=(0, 1)) -> None:
+    c = _as_float(owner, name, value, ndims)
     if c is not None and not np.all(np.isfinite(c)):
         raise ValueError(f"{owner}: {name} must be finite, got {c}.")
+
+
+def _same_length(owner: str, names: tuple[str, str], values: tuple[Any, Any]) -> None:
+    a, b = (concrete_value(v) for v in values)
+    if a is not None and b is not None and a.ndim == 1 and b.ndim == 1 and a.shape != b.shape:
+        raise ValueError(
+            f"{owner}: {names[0]} and {names[1]} must have the same length (one per column), "
+            f"got {a.shape[0]} and {b.shape[0]}."
+        )
+
+
+def _from_data_array(owner: str, X: Any, min_rows: int = 1) -> np.ndarray:
+    """``X`` checked like the estimators check it (2-D, numeric, finite, non-empty)."""
+    from .._validation import check_data
+
+    X = check_data(X, name="X")
+    if X.shape[0] < min_rows:
+        raise ValueError(f"{owner}.from_data: X needs at least {min_rows} rows, got {X.shape[0]}.")
+    return X
 
 
 class Family(ParameterPytree):
@@ -182,8 +222,10 @@ class NormalGamma(Family):
 
     def __init__(self, m0: Any = 0.0, k0: Any = 1.0, a0: Any = 1.0, b0: Any = 1.0):
         _require_finite("NormalGamma", "m0", m0)
-        for name, v in (("k0", k0), ("a0", a0), ("b0", b0)):
-            _require_positive("NormalGamma", name, v)
+        _require_positive("NormalGamma", "k0", k0, ndims=(0,))
+        _require_positive("NormalGamma", "a0", a0, ndims=(0,))
+        _require_positive("NormalGamma", "b0", b0)
+        _same_length("NormalGamma", ("m0", "b0"), (m0, b0))
         self._set(m0=m0, k0=k0, a0=a0, b0=b0)
 
     @classmethod
@@ -194,7 +236,7 @@ class NormalGamma(Family):
         per-dimension variance × ``(a0 − 1)`` so that the prior mean of the
         variance ``b0/(a0−1)`` equals the data variance.
         """
-        X = np.asarray(X, dtype=float)
+        X = _from_data_array("NormalGamma", X)
         var = np.var(X, axis=0)
         var = np.where(var > 0, var, 1.0)
         return cls(m0=X.mean(axis=0), k0=k0, a0=a0, b0=var * (a0 - 1.0))
@@ -212,7 +254,10 @@ class NormalGamma(Family):
         kn = p.k0 + n
         mn = (p.k0 * p.m0 + stats.sum_x) / kn
         an = p.a0 + 0.5 * n
-        bn = p.b0 + 0.5 * (stats.sum_xx + p.k0 * p.m0**2 - kn * mn**2)
+        # the scatter term is >= 0, but raw sums cancel: at scale 1e29 the rounding error
+        # (~1e42) exceeds b0 and made bn negative (NaN log marginal); clamp the rounding
+        scatter = stats.sum_xx + p.k0 * p.m0**2 - kn * mn**2
+        bn = p.b0 + 0.5 * (scatter * (scatter > 0))
         return kn, mn, an, bn
 
     @staticmethod
@@ -287,9 +332,10 @@ class NormalWishart(Family):
     _fields = ("m0", "r", "nu", "psi")
 
     def __init__(self, m0: Any, r: Any, nu: Any, psi: Any):
-        _require_finite("NormalWishart", "m0", m0)
-        _require_positive("NormalWishart", "r", r)
-        psi_c = concrete_value(psi)
+        _require_finite("NormalWishart", "m0", m0, ndims=(1,))
+        _require_positive("NormalWishart", "r", r, ndims=(0,))
+        _require_finite("NormalWishart", "nu", nu, ndims=(0,))
+        psi_c = _as_float("NormalWishart", "psi", psi, ndims=(0, 1, 2))
         m0_c = concrete_value(m0)
         if psi_c is not None:
             if psi_c.ndim != 2 or psi_c.shape[0] != psi_c.shape[1]:
@@ -327,7 +373,7 @@ class NormalWishart(Family):
         ``Ψ = S / (det(S)/0.1)^(1/D)`` with ``S`` the sample covariance, so
         that ``det Ψ = 0.1``.
         """
-        X = np.asarray(X, dtype=float)
+        X = _from_data_array("NormalWishart", X, min_rows=2)
         d = X.shape[1]
         S = np.atleast_2d(np.cov(X, rowvar=False))
         sign, logdet = np.linalg.slogdet(S)
@@ -465,6 +511,25 @@ class NormalWishart(Family):
             raise ValueError(
                 f"NormalWishart: psi is {d} x {d} but the data have {X.shape[1]} columns."
             )
+        # The statistics are raw sums (Σx xᵀ); a cluster of at most D points has a rank-deficient
+        # scatter, and psi must be resolved beside it. When the rounding error of x xᵀ in the
+        # working precision exceeds psi's smallest eigenvalue, Ψ_n stops being positive definite
+        # and the log marginal is NaN (float32 with data offset by 1e4, float64 by 1e9).
+        psi_c, m0_c = concrete_value(self.psi), concrete_value(self.m0)
+        if psi_c is None or m0_c is None or X.size == 0:
+            return
+        dtype = X.dtype if X.dtype in (np.float16, np.float32) else jnp.result_type(float)
+        eps = float(np.finfo(dtype).eps)
+        big = max(float(np.max(np.sum(np.square(X), axis=1))), float(np.sum(np.square(m0_c))))
+        lam = float(np.linalg.eigvalsh(np.asarray(psi_c, np.float64)).min())
+        if (d + 1) * eps * big > lam:
+            raise ValueError(
+                f"NormalWishart: the data reach |x| = {math.sqrt(big):.3g}, too large beside psi "
+                f"(smallest eigenvalue {lam:.3g}) for {np.dtype(dtype).name}: the sums of x x^T "
+                "cannot resolve psi and the posterior scale loses positive definiteness. Centre "
+                "and scale the columns, e.g. (X - X.mean(0)) / X.std(0)"
+                + (", or enable float64 (jax.config.update('jax_enable_x64', True))." if eps > 1e-10 else ".")
+            )
 
 
 # ----------------------------------------------------------------------------- Dirichlet-multinomial
@@ -491,8 +556,10 @@ class DirichletMultinomial(Family):
     @classmethod
     def from_data(cls, X: Any, beta: float = 0.5) -> "DirichletMultinomial":
         """Symmetric Jeffreys-like prior ``beta = 0.5`` for every word."""
-        X = np.asarray(X)
-        return cls(beta=np.full(X.shape[1], beta))
+        X = _from_data_array("DirichletMultinomial", X)
+        fam = cls(beta=np.full(X.shape[1], beta))
+        fam.validate_data(X)
+        return fam
 
     def _beta(self, vocab: int):
         return jnp.broadcast_to(self.beta, (vocab,))
@@ -555,12 +622,16 @@ class BetaBernoulli(Family):
     def __init__(self, a: Any = 1.0, b: Any = 1.0):
         _require_positive("BetaBernoulli", "a", a)
         _require_positive("BetaBernoulli", "b", b)
+        _same_length("BetaBernoulli", ("a", "b"), (a, b))
         self._set(a=a, b=b)
 
     @classmethod
     def from_data(cls, X: Any) -> "BetaBernoulli":
         """Uniform ``Beta(1, 1)`` prior on every feature."""
-        return cls(a=1.0, b=1.0)
+        X = _from_data_array("BetaBernoulli", X)
+        fam = cls(a=1.0, b=1.0)
+        fam.validate_data(X)
+        return fam
 
     @staticmethod
     def _point_stats(X, xp):

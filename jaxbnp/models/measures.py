@@ -53,9 +53,14 @@ def _check(condition: bool, message: str) -> None:
 
 
 def _check_scalar(name: str, value: Any, owner: str) -> float | None:
+    if value is None:
+        raise TypeError(f"{owner}: {name} must be a number, got None.")
     c = concrete_value(value)
     if c is None:
         return None
+    if c.dtype == bool or c.dtype.kind in "OSUVc":
+        kind = "boolean" if c.dtype == bool else "complex" if c.dtype.kind == "c" else "non-numeric"
+        raise TypeError(f"{owner}: {name} must be a real number, got {kind} {value!r}.")
     _check(c.shape == (), f"{owner}: {name} must be a scalar, got shape {c.shape}.")
     _check(bool(math.isfinite(float(c))), f"{owner}: {name} must be finite, got {float(c)}.")
     return float(c)
