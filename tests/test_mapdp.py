@@ -379,3 +379,25 @@ def test_merge_round_exact_and_monotone(measure):
         st = new
     assert after < before
     assert adjusted_rand_score(y, np.asarray(st.labels)) == 1.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_defaults_on_fewer_points_than_the_start_has_clusters(n):
+    """With n <= init_clusters the k-means++ start puts every point in its own slot and every
+    slot is in use; a point alone in its cluster that prefers a new cluster keeps its own slot
+    (a free slot is not needed), so there is no overflow and no CapacityError."""
+    X = np.arange(2.0 * n).reshape(n, 2) * 10.0
+    est = MAPDP(random_state=0).fit(X)  # one point is one cluster: no warning
+    assert est.labels_.shape == (n,) and 1 <= est.n_clusters_ <= n
+    assert np.isfinite(est.nll_)
+
+
+def test_block_proposal_lets_a_lone_point_keep_its_slot():
+    family = bnp.NormalGamma(0.0, 0.1, 2.0, 1.0)
+    X = jnp.asarray([[0.0], [50.0]])
+    st = init_clusters(family, X, jnp.asarray([0, 1], jnp.int32), 2)  # both slots in use
+    proposal, overflow = mapdp_core.block_proposal(
+        st.counts, st.stats, X, st.labels, jnp.ones(2, bool), bnp.DP(1.0), family,
+        family.prior_predictive_params(1, X.dtype))
+    np.testing.assert_array_equal(proposal, [0, 1])
+    assert not bool(overflow)

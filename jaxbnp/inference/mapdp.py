@@ -185,7 +185,8 @@ def block_proposal(
 
     Every point of ``xb`` (``(B, D)``, currently in slots ``own``) is scored against
     the statistics ``counts``/``stats`` with itself left out of its own cluster;
-    points whose best option is a new cluster all go to the first free slot.
+    points whose best option is a new cluster all go to the first free slot (a point
+    alone in its cluster keeps its own slot: that is its new cluster).
     Returns ``(proposal (B,), overflow)``: ``proposal`` equals ``own`` where
     ``valid`` is false; ``overflow`` is set when a valid point wanted a new
     cluster and no slot was free. Used by :func:`batched_sweep` and by the
@@ -212,9 +213,14 @@ def block_proposal(
     free_slot, has_free = first_free_slot(counts)
     best = jnp.argmax(scores, axis=1)
     wants_new = new_score > jnp.max(scores, axis=1)
-    proposal = jnp.where(wants_new & has_free, free_slot, best).astype(own.dtype)
+    # a point alone in its cluster frees its slot when it leaves: its "new cluster" is that
+    # slot (with every slot in use, a free slot would wrongly look missing: overflow)
+    alone = counts_minus[jnp.arange(own.shape[0]), own] == 0
+    can_open = alone | has_free
+    target = jnp.where(alone, own, free_slot)
+    proposal = jnp.where(wants_new & can_open, target, best).astype(own.dtype)
     proposal = jnp.where(valid, proposal, own)
-    return proposal, jnp.any(wants_new & valid & ~has_free)
+    return proposal, jnp.any(wants_new & valid & ~can_open)
 
 
 def block_delta(ps, valid: jax.Array, proposal: jax.Array, own: jax.Array, capacity: int,
