@@ -406,40 +406,26 @@ def _cluster(args) -> int:
     return 0
 
 
-def _kmeans_pp(X: np.ndarray, k: int, seed: int, iters: int = 10) -> np.ndarray:
-    """Labels ``0..k-1`` of ``X`` by k-means++ seeding and ``iters`` Lloyd iterations (NumPy)."""
-    rng = np.random.default_rng(seed)
-    Xd = X.astype(np.float64)
-    sq = np.sum(Xd**2, axis=1)
-
-    def dist2(centres):
-        return np.maximum(sq[:, None] - 2.0 * Xd @ centres.T + np.sum(centres**2, axis=1)[None, :], 0.0)
-
-    centres = Xd[[rng.integers(len(Xd))]]
-    nearest = dist2(centres)[:, 0]
-    for _ in range(1, k):
-        p = nearest / nearest.sum() if nearest.sum() > 0 else None
-        centres = np.vstack([centres, Xd[rng.choice(len(Xd), p=p)]])
-        nearest = np.minimum(nearest, dist2(centres[-1:])[:, 0])
-    for _ in range(iters):
-        labels = np.argmin(dist2(centres), axis=1)
-        sums = np.zeros_like(centres)
-        np.add.at(sums, labels, Xd)
-        counts = np.bincount(labels, minlength=k)
-        centres = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], centres)
-    return np.argmin(dist2(centres), axis=1)
-
-
 def _initial_partition(args, X: np.ndarray, capacity: int):
     """``init_params`` for gibbs/splitmerge with ``--init kmeans``: each chain starts from its
-    own k-means++ partition into ``--init-clusters`` clusters (an over-segmentation that the
+    own k-means++ partition (``mapdp.kmeanspp_labels`` on standardised coordinates) into
+    ``--init-clusters`` clusters (an over-segmentation that the
     sampler merges; the start affects only the burn-in, not the chain's target). ``None``
     (one cluster) for ``--init one`` and for tgmcmc, which has its own ``--tgmcmc-init``."""
     if args.method not in ("gibbs", "splitmerge") or args.init != "kmeans":
         return None
+    import jax
+    import jax.numpy as jnp
+
+    from .inference.mapdp import kmeanspp_labels
+
     k = min(args.init_clusters, len(X), capacity)
-    starts = [_kmeans_pp(X, k, seed=args.seed * 1000 + c) for c in range(args.chains)]
-    z = np.stack(starts).astype(np.int32)
+    sd = X.std(axis=0)
+    Xs = jnp.asarray(X / np.where(sd > 0, sd, 1.0))
+    labels = jax.jit(kmeanspp_labels, static_argnums=2)
+    key = jax.random.fold_in(jax.random.key(args.seed), 1)  # not the sampler's own key
+    z = np.stack([np.asarray(labels(jax.random.fold_in(key, c), Xs, k)) for c in range(args.chains)])
+    z = z.astype(np.int32)
     return {"z": z if args.chains > 1 else z[0]}
 
 

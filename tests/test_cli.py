@@ -178,15 +178,21 @@ def test_capacity_grows_when_the_chains_need_more_slots(tmp_path, capsys, monkey
     assert summary["capacity"] >= 4 and summary["clusters_best_draw"] == 3
 
 
-def test_helpers_kmeans_silhouette_nearest_labels():
+def test_helpers_start_silhouette_nearest_labels():
     from sklearn.metrics import silhouette_score
 
     from jaxbnp import cli
 
     rng = np.random.default_rng(5)
     X = np.r_[rng.normal(-5, 1, (20, 3)), rng.normal(5, 1, (25, 3)), rng.normal([5, -5, 0], 1, (15, 3))]
-    labels = cli._kmeans_pp(X, 3, seed=0)
-    assert sorted(np.bincount(labels)) == [15, 20, 25]
+    labels = np.repeat([0, 1, 2], [20, 25, 15])
+    args = cli.build_parser().parse_args(["cluster", "--method", "gibbs", "--chains", "2", "--init-clusters", "3"])
+    start = cli._initial_partition(args, X, 32)["z"]  # one k-means++ start per chain
+    assert start.shape == (2, 60) and start.dtype == np.int32
+    for z in start:
+        assert sorted(np.bincount(z, minlength=3)) == [15, 20, 25]
+    args.init = "one"
+    assert cli._initial_partition(args, X, 32) is None
     noisy = labels.copy()
     noisy[:4] = (noisy[:4] + 1) % 3
     assert cli._silhouette(X, noisy) == pytest.approx(silhouette_score(X, noisy), rel=1e-10)
