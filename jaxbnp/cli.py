@@ -123,6 +123,10 @@ def _run_gibbs(X, family, alpha, args):
     capacity = args.capacity
     if args.method in ("gibbs", "splitmerge") and args.init == "kmeans":
         capacity = max(capacity, min(args.init_clusters + 12, len(X)))  # free slots to split into
+    init_params = None if args.resume else _initial_partition(args, X, capacity, family)
+    if init_params is not None:
+        start_clusters = int(np.max(init_params["z"])) + 1
+        capacity = max(capacity, min(start_clusters + 12, len(X)))
     checkpoint = Path(args.out) / "checkpoint.pkl"
     settings_file = Path(args.out) / "checkpoint_settings.json"
     if args.resume:
@@ -165,12 +169,10 @@ def _run_gibbs(X, family, alpha, args):
                 settings_file.write_text(json.dumps({**settings, "capacity": capacity}) + "\n")
                 source = checkpointing.run_with_checkpoints(
                     mcmc, jax.random.key(args.seed), X, path=checkpoint,
-                    every=args.checkpoint_every, extra_fields=fields,
-                    init_params=_initial_partition(args, X, capacity),
+                    every=args.checkpoint_every, extra_fields=fields, init_params=init_params,
                 )
             else:
-                mcmc.run(jax.random.key(args.seed), X, extra_fields=fields,
-                         init_params=_initial_partition(args, X, capacity))
+                mcmc.run(jax.random.key(args.seed), X, extra_fields=fields, init_params=init_params)
                 source = mcmc
             jax.block_until_ready(mcmc.last_state)
             _done(heartbeat)
@@ -406,12 +408,18 @@ def _cluster(args) -> int:
     return 0
 
 
-def _initial_partition(args, X: np.ndarray, capacity: int):
+def _initial_partition(args, X: np.ndarray, capacity: int, family=None):
     """``init_params`` for gibbs/splitmerge with ``--init kmeans``: each chain starts from its
     own k-means++ partition (``mapdp.kmeanspp_labels`` on standardised coordinates) into
     ``--init-clusters`` clusters (an over-segmentation that the
-    sampler merges; the start affects only the burn-in, not the chain's target). ``None``
-    (one cluster) for ``--init one`` and for tgmcmc, which has its own ``--tgmcmc-init``."""
+    sampler merges; the start affects only the burn-in, not the chain's target). tgmcmc with
+    ``--tgmcmc-init ibhc``: IBHC's partition (:func:`_ibhc_start`). ``None`` otherwise (one
+    cluster for ``--init one``; tgmcmc's ``noisy`` start is drawn by the kernel)."""
+    if args.method == "tgmcmc" and args.tgmcmc_init == "ibhc":
+        # IBHC in row order, built here on the host: the kernel would build the same partition
+        # through a host callback inside the compiled program, which JAX's cache cannot keep
+        z = _ibhc_start(X, args.alpha, family)
+        return {"z": np.tile(z, (args.chains, 1)) if args.chains > 1 else z}
     if args.method not in ("gibbs", "splitmerge") or args.init != "kmeans":
         return None
     import jax
@@ -427,6 +435,15 @@ def _initial_partition(args, X: np.ndarray, capacity: int):
     z = np.stack([np.asarray(labels(jax.random.fold_in(key, c), Xs, k)) for c in range(args.chains)])
     z = z.astype(np.int32)
     return {"z": z if args.chains > 1 else z[0]}
+
+
+def _ibhc_start(X: np.ndarray, alpha: float, family) -> np.ndarray:
+    """tgMCMC's ``init="ibhc"`` partition (``ibhc.ibhc`` in row order), ``(n,)`` int32."""
+    from .inference.ibhc import ibhc
+    from .models import DP
+
+    labels = np.asarray(ibhc(X, DP(alpha), family).labels)
+    return np.unique(labels, return_inverse=True)[1].reshape(-1).astype(np.int32)
 
 
 def _apply_method_defaults(args) -> None:

@@ -217,3 +217,29 @@ def test_heartbeat_prints_lines_from_a_thread():
     lines = stream.getvalue().splitlines()
     assert lines[0] == "jaxbnp: work" and lines[-1].startswith("jaxbnp: work done after")
     assert any("elapsed" in line for line in lines) and any("4/10 iterations (40%)" in line for line in lines)
+
+
+def test_tgmcmc_start_is_the_kernels_ibhc_partition():
+    """The CLI builds tgMCMC's IBHC start on the host (so the sampling program has no host
+    callback and JAX's cache keeps it): the same partition as the kernel's init="ibhc"."""
+    import jax
+    import numpyro
+
+    import jaxbnp as bnp
+    from jaxbnp import cli
+    from jaxbnp.inference.clusters import canonical_labels
+
+    rng = np.random.default_rng(6)
+    X = np.r_[rng.normal(-4, 0.7, (15, 2)), rng.normal(0, 0.7, (15, 2)), rng.normal(4, 0.7, (15, 2))]
+    family = bnp.NormalWishart.from_data(X)
+
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(family, z), obs=X)
+
+    kernel = bnp.TreeGuidedMCMC(model, init="ibhc", capacity=45)
+    state = kernel.init(jax.random.key(0), 0, None, (X,), {})
+    args = cli.build_parser().parse_args(["cluster", "--method", "tgmcmc", "--chains", "1"])
+    start = cli._initial_partition(args, X, 45, family)["z"]
+    np.testing.assert_array_equal(np.asarray(canonical_labels(start, 45)), np.asarray(state.z["z"]))
+    assert len(np.unique(start)) >= 2
