@@ -23,41 +23,17 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from gibbs import cpu_seconds, machine_info  # the benchmarks' machine record and CPU clock
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 METHODS = ("splitmerge", "gibbs", "tgmcmc", "mapdp", "ddt", "bhmc")
-
-
-def _busy_cpu_seconds() -> float:
-    """CPU seconds used by all processes so far (user + system, from /proc/stat), or NaN."""
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-        ticks = sum(int(v) for i, v in enumerate(fields) if i not in (3, 4))  # minus idle, iowait
-        return ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return float("nan")
-
-
-def machine_info() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import jax
-
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "jax": jax.__version__}
 
 
 def run_once(method: str, dtype: str, cache: Path, out: Path) -> dict:
@@ -86,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = []
-    busy0, t_start = _busy_cpu_seconds(), time.perf_counter()
+    busy0, t_start = cpu_seconds()[0], time.perf_counter()
     own0 = os.times()
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods:
@@ -100,7 +76,8 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     own1 = os.times()
     own = (own1.children_user + own1.children_system) - (own0.children_user + own0.children_system)
-    other = _busy_cpu_seconds() - busy0 - own
+    busy1 = cpu_seconds()[0]
+    other = float("nan") if busy0 is None or busy1 is None else busy1 - busy0 - own
     result = {
         "command": "python benchmarks/cli.py " + " ".join(sys.argv[1:]),
         "date": _dt.date.today().isoformat(),
@@ -115,7 +92,7 @@ def main() -> None:
     lines = [
         "# `jaxbnp cluster` on the embedded data: every method, first and second run",
         "",
-        f"Command: `{result['command'].strip()}`. Machine: {m['cpu']} ({m['cpu_count']} CPUs), "
+        f"Command: `{result['command'].strip()}`. Machine: {m['cpu_model']} ({m['cpu_count']} CPUs), "
         f"{m['platform']}, Python {m['python']}, JAX {m['jax']}; {result['date']}.",
         "",
         "Wall = the whole process (start, imports, compilation, sampling, point estimate, plots), "

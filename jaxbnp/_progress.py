@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["resolve", "bar", "Heartbeat"]
+__all__ = ["resolve", "env_choice", "bar", "Heartbeat"]
 
 
 def resolve(progress_bar: Any) -> bool:
@@ -30,13 +30,22 @@ def resolve(progress_bar: Any) -> bool:
         if not isinstance(progress_bar, (bool, int)) or progress_bar not in (0, 1):
             raise ValueError(f"progress_bar must be True, False or None (auto), got {progress_bar!r}.")
         return bool(progress_bar)
-    forced = os.environ.get("JAXBNP_PROGRESS")
+    forced = env_choice()
     if forced is not None:
-        return forced.strip().lower() not in ("", "0", "false", "no", "off")
+        return forced
     if os.environ.get("CI"):
         return False
     stream = sys.stderr
     return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def env_choice() -> bool | None:
+    """What ``JAXBNP_PROGRESS`` says: ``True`` (on), ``False`` (``0``, ``false``, ``no``,
+    ``off`` or empty) or ``None`` when it is unset."""
+    forced = os.environ.get("JAXBNP_PROGRESS")
+    if forced is None:
+        return None
+    return forced.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def bar(total: int | None, desc: str, enabled: bool, unit: str = "it"):
@@ -80,11 +89,11 @@ class Heartbeat:
     def tick(self, n: int = 1) -> None:
         self.count += int(n)
 
-    def start(self, note: str = "") -> "Heartbeat":
+    def start(self) -> "Heartbeat":
         import threading
 
         self.t0 = time.perf_counter()
-        self._print(f"{self.desc}{note}")
+        self._print(self.desc)
         self._stop = threading.Event()
 
         def run() -> None:

@@ -8,7 +8,8 @@ _OPTION = "--xla_backend_extra_options="
 _KEY = "xla_cpu_small_while_loop_byte_threshold"
 
 
-def _backends_started() -> bool:
+def backends_started() -> bool:
+    """Whether JAX's backends are up (after which XLA_FLAGS no longer take effect)."""
     try:
         from jax._src import xla_bridge
     except ImportError:  # pragma: no cover - a JAX without that module
@@ -48,7 +49,7 @@ def set_cpu_loop_kernels(byte_threshold: int = 1 << 26) -> None:
             f"set_cpu_loop_kernels: byte_threshold must be an integer >= 0 (bytes; 0 turns the "
             f"pass off), got {byte_threshold!r}."
         )
-    if _backends_started():
+    if backends_started():
         raise RuntimeError(
             "set_cpu_loop_kernels must run before JAX starts its backends (before the first "
             "computation); call it at the top of the script, right after the imports."

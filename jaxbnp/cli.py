@@ -121,12 +121,11 @@ def _run_gibbs(X, family, alpha, args):
         numpyro.sample("X", models.ConjugateMixture(family, z), obs=X)
 
     capacity = args.capacity
-    if args.method in ("gibbs", "splitmerge") and args.init == "kmeans":
-        capacity = max(capacity, min(args.init_clusters + 12, len(X)))  # free slots to split into
-    init_params = None if args.resume else _initial_partition(args, X, capacity, family)
-    if init_params is not None:
-        start_clusters = int(np.max(init_params["z"])) + 1
-        capacity = max(capacity, min(start_clusters + 12, len(X)))
+    init_params = None if args.resume else _initial_partition(args, X, family)
+    if init_params is not None:  # room for the start's clusters and 12 free slots to split into
+        planned = (args.init_clusters if args.method in ("gibbs", "splitmerge")
+                   else int(np.max(init_params["z"])) + 1)
+        capacity = max(capacity, min(planned + 12, len(X)))
     checkpoint = Path(args.out) / "checkpoint.pkl"
     settings_file = Path(args.out) / "checkpoint_settings.json"
     if args.resume:
@@ -202,8 +201,8 @@ def _cluster(args) -> int:
     X = check_data(X, family=family).astype(np.float64 if args.dtype == "float64" else np.float32)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    _announce(args, X)
     fit_idx = _subsample(args, X)
+    _announce(args, X, fit_idx)
     X_fit = X if fit_idx is None else X[fit_idx]
 
     t0 = time.perf_counter()
@@ -408,7 +407,7 @@ def _cluster(args) -> int:
     return 0
 
 
-def _initial_partition(args, X: np.ndarray, capacity: int, family=None):
+def _initial_partition(args, X: np.ndarray, family=None):
     """``init_params`` for gibbs/splitmerge with ``--init kmeans``: each chain starts from its
     own k-means++ partition (``mapdp.kmeanspp_labels`` on standardised coordinates) into
     ``--init-clusters`` clusters (an over-segmentation that the
@@ -427,7 +426,7 @@ def _initial_partition(args, X: np.ndarray, capacity: int, family=None):
 
     from .inference.mapdp import kmeanspp_labels
 
-    k = min(args.init_clusters, len(X), capacity)
+    k = min(args.init_clusters, len(X))
     sd = X.std(axis=0)
     Xs = jnp.asarray(X / np.where(sd > 0, sd, 1.0))
     labels = jax.jit(kmeanspp_labels, static_argnums=2)
@@ -450,7 +449,7 @@ def _apply_method_defaults(args) -> None:
     """Fill the options left unset (``None``) from :data:`METHOD_DEFAULTS`."""
     table = {**_GENERIC_DEFAULTS, **METHOD_DEFAULTS[args.method]}
     for name, value in table.items():
-        if getattr(args, name, None) is None and (name != "family" or args.method != "mapdp"):
+        if getattr(args, name, None) is None:
             setattr(args, name, value)
 
 
@@ -460,9 +459,9 @@ def _spread_chains_over_cores(chains: int) -> None:
     started, or when ``XLA_FLAGS`` already sets a host device count)."""
     import os
 
-    from ._xla import _backends_started
+    from ._xla import backends_started
 
-    if chains < 2 or _backends_started() or "xla_force_host_platform_device_count" in os.environ.get(
+    if chains < 2 or backends_started() or "xla_force_host_platform_device_count" in os.environ.get(
             "XLA_FLAGS", ""):
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -490,13 +489,9 @@ def _bar(args) -> bool:
 def _heartbeat(args, desc: str, total: int | None = None, unit: str = "iterations"):
     """Started :class:`~jaxbnp._progress.Heartbeat` (a line every few seconds) unless
     progress is off or NumPyro's bar is shown; else ``None``."""
-    import os
+    from ._progress import Heartbeat, env_choice
 
-    from ._progress import Heartbeat
-
-    forced = os.environ.get("JAXBNP_PROGRESS")
-    off = forced is not None and forced.strip().lower() in ("", "0", "false", "no", "off")
-    if args.progress is False or (args.progress is None and off) or _bar(args):
+    if args.progress is False or (args.progress is None and env_choice() is False) or _bar(args):
         return None
     return Heartbeat(desc, total, unit=unit).start()
 
@@ -506,11 +501,11 @@ def _done(heartbeat, ok: bool = True) -> None:
         heartbeat.done(ok)
 
 
-def _announce(args, X: np.ndarray) -> None:
+def _announce(args, X: np.ndarray, fit_idx) -> None:
     """Say what will run, before anything compiles (and why a subsample, if one)."""
     n = X.shape[0]
     note = ""
-    if args.method in ("ddt", "bhmc") and args.max_points and n > args.max_points:
+    if fit_idx is not None:
         cost = "O(n^2) per sweep" if args.method == "ddt" else "slow per point"
         note = (f"; {args.method} costs grow fast with n ({cost}): fitting a random subsample of "
                 f"{args.max_points} of the {n} points (--max-points, 0 = all), the others labelled "
@@ -547,19 +542,26 @@ def _extend_labels(X: np.ndarray, fit_idx, labels: np.ndarray) -> np.ndarray:
     return out
 
 
-def _silhouette(X: np.ndarray, labels: np.ndarray) -> float:
-    """Mean silhouette width (Euclidean); 0 for one cluster or all singletons."""
+def _distances(X: np.ndarray) -> np.ndarray:
+    """Euclidean distances between the rows of ``X``, ``(n, n)`` float64."""
+    X = X.astype(np.float64)
+    return np.sqrt(np.maximum(np.sum((X[:, None, :] - X[None, :, :]) ** 2, axis=-1), 0.0))
+
+
+def _silhouette(D: np.ndarray, labels: np.ndarray) -> float:
+    """Mean silhouette width from the distances ``D`` (:func:`_distances`); 0 for one cluster
+    or all singletons."""
     ks = np.unique(labels)
     if len(ks) < 2 or len(ks) == len(labels):
         return 0.0
-    D = np.sqrt(np.maximum(np.sum((X[:, None, :] - X[None, :, :]) ** 2, axis=-1), 0.0))
     onehot = labels[:, None] == ks[None, :]
     sizes = onehot.sum(0)
     mean_d = (D @ onehot) / sizes  # (n, K): mean distance to each cluster (own included)
     own = np.argmax(onehot, axis=1)
     n_own = sizes[own]
-    a = np.where(n_own > 1, mean_d[np.arange(len(X)), own] * n_own / np.maximum(n_own - 1, 1), 0.0)
-    mean_d[np.arange(len(X)), own] = np.inf
+    rows = np.arange(len(labels))
+    a = np.where(n_own > 1, mean_d[rows, own] * n_own / np.maximum(n_own - 1, 1), 0.0)
+    mean_d[rows, own] = np.inf
     b = mean_d.min(axis=1)
     s = np.where(n_own > 1, (b - a) / np.maximum(np.maximum(a, b), 1e-300), 0.0)
     return float(s.mean())
@@ -571,26 +573,14 @@ def _cut_by_silhouette(tree, X: np.ndarray, max_clusters: int = 30) -> np.ndarra
     from .models.ddt import cut_tree
 
     n = X.shape[0]
+    D = _distances(X)
     best, best_score = None, -np.inf
     for k in range(2, min(max_clusters, n - 1) + 1):
         labels = np.asarray(cut_tree(tree, num_clusters=k))
-        score = _silhouette(X.astype(np.float64), labels)
+        score = _silhouette(D, labels)
         if score > best_score:
             best, best_score = labels, score
     return best if best is not None else np.zeros(n, np.int64)
-
-
-def _cut_at_largest_gap(tree) -> np.ndarray:
-    """Labels of a diffusion tree cut at the largest gap between consecutive divergence times
-    (the dendrogram's longest vertical stretch): ``K`` clusters after the ``K − 1`` earliest."""
-    from .models.ddt import cut_tree
-
-    n = (np.asarray(tree.time).shape[0] + 1) // 2
-    times = np.sort(np.asarray(tree.time, dtype=np.float64)[n:])
-    if times.size < 2:
-        return np.asarray(cut_tree(tree, num_clusters=min(2, n)))
-    k = int(np.argmax(np.diff(times))) + 1  # divergences before the largest gap
-    return np.asarray(cut_tree(tree, num_clusters=k + 1))
 
 
 def _jsonable(obj):

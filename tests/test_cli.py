@@ -187,16 +187,17 @@ def test_helpers_start_silhouette_nearest_labels():
     X = np.r_[rng.normal(-5, 1, (20, 3)), rng.normal(5, 1, (25, 3)), rng.normal([5, -5, 0], 1, (15, 3))]
     labels = np.repeat([0, 1, 2], [20, 25, 15])
     args = cli.build_parser().parse_args(["cluster", "--method", "gibbs", "--chains", "2", "--init-clusters", "3"])
-    start = cli._initial_partition(args, X, 32)["z"]  # one k-means++ start per chain
+    start = cli._initial_partition(args, X)["z"]  # one k-means++ start per chain
     assert start.shape == (2, 60) and start.dtype == np.int32
     for z in start:
         assert sorted(np.bincount(z, minlength=3)) == [15, 20, 25]
     args.init = "one"
-    assert cli._initial_partition(args, X, 32) is None
+    assert cli._initial_partition(args, X) is None
     noisy = labels.copy()
     noisy[:4] = (noisy[:4] + 1) % 3
-    assert cli._silhouette(X, noisy) == pytest.approx(silhouette_score(X, noisy), rel=1e-10)
-    assert cli._silhouette(X, np.zeros(len(X), int)) == 0.0
+    D = cli._distances(X)
+    assert cli._silhouette(D, noisy) == pytest.approx(silhouette_score(X, noisy), rel=1e-10)
+    assert cli._silhouette(D, np.zeros(len(X), int)) == 0.0
     idx = np.arange(0, 60, 3)
     out = cli._extend_labels(X, idx, labels[idx])
     np.testing.assert_array_equal(out, labels)  # well separated: each point's nearest fitted one agrees
@@ -240,6 +241,6 @@ def test_tgmcmc_start_is_the_kernels_ibhc_partition():
     kernel = bnp.TreeGuidedMCMC(model, init="ibhc", capacity=45)
     state = kernel.init(jax.random.key(0), 0, None, (X,), {})
     args = cli.build_parser().parse_args(["cluster", "--method", "tgmcmc", "--chains", "1"])
-    start = cli._initial_partition(args, X, 45, family)["z"]
+    start = cli._initial_partition(args, X, family)["z"]
     np.testing.assert_array_equal(np.asarray(canonical_labels(start, 45)), np.asarray(state.z["z"]))
     assert len(np.unique(start)) >= 2

@@ -15,7 +15,7 @@ KEY = "xla_cpu_small_while_loop_byte_threshold"
 
 
 def test_writes_the_threshold_and_keeps_other_flags(monkeypatch):
-    monkeypatch.setattr(_xla, "_backends_started", lambda: False)
+    monkeypatch.setattr(_xla, "backends_started", lambda: False)
     monkeypatch.setenv("XLA_FLAGS", f"--foo=1 --xla_backend_extra_options=a=2,{KEY}=5 --bar")
     bnp.set_cpu_loop_kernels(123)
     tokens = os.environ["XLA_FLAGS"].split()

@@ -753,9 +753,8 @@ def fit_ddt(
 
     from .population import PopulationDDT
 
-    from .._progress import resolve as resolve_progress
-
     from .._cache import auto_enable
+    from .._progress import resolve as resolve_progress
 
     show = resolve_progress(progress_bar)
     Xn = check_data(X)

@@ -33,6 +33,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
+from .._validation import check_data
 from .families import (
     BetaBernoulli,
     DirichletMultinomial,
@@ -213,9 +214,7 @@ class ConjugateMixture(dist.Distribution):
                     f"ConjugateMixture.log_prob: value (X) must have shape ({n}, D), one row per "
                     f"label, got {arr.shape}."
                 )
-            if not np.all(np.isfinite(arr)):
-                raise ValueError("ConjugateMixture.log_prob: value (X) contains NaN or inf.")
-            self.family.validate_data(arr.astype(float))
+            check_data(arr, name="ConjugateMixture.log_prob: value (X)", family=self.family)
         return jnp.sum(self.cluster_log_marginals(jnp.asarray(value)))
 
     def sample(self, key, sample_shape=()):
