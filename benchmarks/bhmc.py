@@ -1,6 +1,6 @@
 """Benchmark: BHMC (nCRP + multilevel HDP mixture, issue #6, MATH.md §6) against Ward clustering.
 
-For each data set, BHMC (``jaxbnp.inference.bhmc.fit_bhmc``, depth 2, the sample
+For each data set, BHMC (``jaxbnp.inference.bhmc.sampler.fit_bhmc``, depth 2, the sample
 with the highest complete-data log likelihood, as in the paper) and SciPy's
 Ward agglomerative clustering (``linkage(method="ward")`` cut by
 ``fcluster(maxclust=k)`` with ``k`` = BHMC's number of clusters at that level)
@@ -47,7 +47,7 @@ if str(REPO_ROOT) not in sys.path:
 import jax  # noqa: E402
 
 from jaxbnp import metrics  # noqa: E402
-from jaxbnp.inference.bhmc import fit_bhmc  # noqa: E402
+from jaxbnp.inference.bhmc.sampler import fit_bhmc  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gibbs import cpu_seconds  # noqa: E402  (shared helper)

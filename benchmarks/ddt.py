@@ -1,11 +1,11 @@
 """Benchmark: Dirichlet diffusion trees, vectorised chains and population MCMC (issue #5, MATH.md §5).
 
-1. Throughput of the within-chain sampler (``jaxbnp.inference.ddt_mcmc.step``:
+1. Throughput of the within-chain sampler (``jaxbnp.inference.trees.mcmc.step``:
    ``n`` subtree moves, ``n − 1`` time moves, slice updates of ``c`` and ``σ``)
    for 1, 2, 4, …, 256 chains in one ``jax.jit(jax.vmap(step))`` program:
    chain-steps per second and the ratio to one chain. Compile excluded
    (reported separately); median over timed repeats.
-2. Population MCMC (``jaxbnp.inference.population.step``: the same sweeps
+2. Population MCMC (``jaxbnp.inference.trees.population.step``: the same sweeps
    plus the exchange move on ``K/2`` random pairs) against the same number of
    independent chains (the vmapped sweeps alone) at **equal wall time**, on
    synthetic data with four well separated groups arranged as two pairs

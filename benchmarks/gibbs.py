@@ -64,8 +64,8 @@ import numpyro  # noqa: E402
 from numpyro.infer import MCMC  # noqa: E402
 
 import jaxbnp as bnp  # noqa: E402
-from jaxbnp.inference.clusters import init_clusters  # noqa: E402
-from jaxbnp.inference.gibbs import gibbs_sweep  # noqa: E402
+from jaxbnp.inference.partition.clusters import init_clusters  # noqa: E402
+from jaxbnp.inference.partition.gibbs import gibbs_sweep  # noqa: E402
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "nrmm"
 CAPACITY = 32

@@ -14,7 +14,7 @@ class labels and iterations to convergence of
 * **MAP-DP defaults, the paper's prior**: ``MAPDP()``'s algorithm (k-means++
   start, batched sweeps, merge and split moves) with the paper's prior.
 * **MAP-DP defaults** (``MAPDP()`` and ``select_alpha`` as shipped: the
-  default prior rule ``jaxbnp.inference.mapdp.default_prior``, which is the
+  default prior rule ``jaxbnp.inference.partition.mapdp.default_prior``, which is the
   paper's prior with ``b0`` = the within-group variance of a 2-means
   clustering), alpha by NLL.
 * **DP-means** (Kulis & Jordan 2012, written below in NumPy) on the raw data,
@@ -187,7 +187,7 @@ def main(argv=None):
         "from singletons, alpha from the MAP-DP defaults under the paper's prior; NMI mean (2 sd); "
         "its iterations = first to reach the median kept log joint. MAP-DP defaults: `MAPDP()` "
         "(k-means++ start, batched sweeps, merge and split moves); default prior: "
-        "`jaxbnp.inference.mapdp.default_prior` (the paper's prior with b0 = within-group variance of 2-means).",
+        "`jaxbnp.inference.partition.mapdp.default_prior` (the paper's prior with b0 = within-group variance of 2-means).",
         "",
         "| data | DP-means (paper) | DP-means (ours) | Gibbs (paper) | Gibbs (ours) | MAP-DP (paper) "
         "| MAP-DP, paper's algorithm (ours) | defaults, paper's prior | **defaults** (default prior) |",

@@ -122,7 +122,7 @@ from numpyro.diagnostics import effective_sample_size  # noqa: E402
 
 from gibbs import _git_state as git_state, cpu_seconds, machine_info  # noqa: E402  (shared helpers)
 import jaxbnp as bnp  # noqa: E402
-from jaxbnp.inference.clusters import CapacityError  # noqa: E402
+from jaxbnp.inference.partition.clusters import CapacityError  # noqa: E402
 
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "nrmm"
 RESULTS = REPO_ROOT / "benchmarks" / "results"
@@ -239,9 +239,9 @@ def make_kernel(sampler: str, model, capacity: int, args, mode: str = "fixed"):
 def noisy_labels(X: np.ndarray, measure, family, seed: int) -> np.ndarray:
     """The paper's noisy initial partition (section 4.1), via jaxbnp's tgMCMC host."""
     try:
-        from jaxbnp.inference.tgmcmc import TreeGuidedHost
+        from jaxbnp.inference.tgmcmc.kernel import TreeGuidedHost
     except ImportError as exc:  # pragma: no cover - while tgmcmc.py is being written
-        raise RuntimeError(f"noisy initialisation needs jaxbnp.inference.tgmcmc.TreeGuidedHost: {exc}")
+        raise RuntimeError(f"noisy initialisation needs jaxbnp.inference.tgmcmc.kernel.TreeGuidedHost: {exc}")
     host = TreeGuidedHost(X, measure, family, u=1.0)
     return np.asarray(host.noisy_labels(np.random.default_rng(seed)), dtype=np.int32)
 
@@ -654,7 +654,7 @@ def run_cell(data: str, measure_kind: str, X, y, args, data_dir: Path, res: dict
 def _drop_tree_stores() -> None:
     """Free tgMCMC's host tree stores between runs (memory; no cache shared across runs)."""
     try:
-        from jaxbnp.inference import tgmcmc as tg_module
+        from jaxbnp.inference.tgmcmc import kernel as tg_module
     except ImportError:  # pragma: no cover
         return
     stores = getattr(tg_module, "_HOSTS", None)

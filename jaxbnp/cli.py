@@ -221,7 +221,7 @@ def _cluster(args) -> int:
         capacity = None
         z = None
     elif args.method == "ddt":  # Dirichlet diffusion tree by population MCMC, cut into clusters
-        from .inference.ddt_mcmc import fit_ddt
+        from .inference.trees.mcmc import fit_ddt
 
         heartbeat = _heartbeat(args, "ddt: compiling and sampling")
         fit = fit_ddt(X_fit, num_chains=max(2, args.chains), num_samples=args.samples,
@@ -238,7 +238,7 @@ def _cluster(args) -> int:
         z = None
         tree = fit.tree
     elif args.method == "bhmc":  # nCRP + multilevel HDP mixture (Huang et al.), labels per level
-        from .inference.bhmc import fit_bhmc
+        from .inference.bhmc.sampler import fit_bhmc
 
         heartbeat = _heartbeat(args, "bhmc: sweeps", args.chains * (args.warmup + args.samples),
                                unit="chain sweeps (the first includes compilation)")
@@ -424,7 +424,7 @@ def _initial_partition(args, X: np.ndarray, family=None):
     import jax
     import jax.numpy as jnp
 
-    from .inference.mapdp import kmeanspp_labels
+    from .inference.partition.mapdp import kmeanspp_labels
 
     k = min(args.init_clusters, len(X))
     sd = X.std(axis=0)
@@ -438,7 +438,7 @@ def _initial_partition(args, X: np.ndarray, family=None):
 
 def _ibhc_start(X: np.ndarray, alpha: float, family) -> np.ndarray:
     """tgMCMC's ``init="ibhc"`` partition (``ibhc.ibhc`` in row order), ``(n,)`` int32."""
-    from .inference.ibhc import ibhc
+    from .inference.tgmcmc.ibhc import ibhc
     from .models import DP
 
     labels = np.asarray(ibhc(X, DP(alpha), family).labels)

@@ -33,16 +33,13 @@ from ._cache import auto_enable
 from ._progress import bar as _progress_bar
 from ._progress import resolve as _resolve_progress
 from ._validation import check_data
-from .inference import mapdp as mapdp_core
-from .inference.clusters import ClusterState, CapacityError
+from .inference.partition import mapdp as mapdp_core
+from .errors import CapacityError, SingleClusterWarning
+from .inference.partition.clusters import ClusterState
 from .models.families import Family, NormalWishart
 from .models.measures import DP, Measure, PitmanYor
 
 __all__ = ["MAPDP", "DirichletProcessMixture", "select_alpha", "SingleClusterWarning", "NotFittedError"]
-
-
-class SingleClusterWarning(UserWarning):
-    """MAP-DP ended with every point (``n > 1``) in one cluster."""
 
 
 class MAPDP:
@@ -53,7 +50,7 @@ class MAPDP:
     (the paper starts from one cluster), batched sweeps, merge and split
     moves between sweeps (exact NLL changes, kept only when they lower it)
     and a prior whose cluster variance is a within-group variance
-    (:func:`jaxbnp.inference.mapdp.default_prior`). The NLL
+    (:func:`jaxbnp.inference.partition.mapdp.default_prior`). The NLL
     ``−log p(X, Π)`` never increases, whatever the options.
 
     **The paper's algorithm** is ``MAPDP.paper(alpha=...)``, i.e.
@@ -63,7 +60,7 @@ class MAPDP:
 
     :param alpha: DP concentration; ignored when ``measure`` is given.
     :param family: a conjugate family; ``None`` means
-        ``jaxbnp.inference.mapdp.default_prior(X)``: a ``NormalGamma`` with
+        ``jaxbnp.inference.partition.mapdp.default_prior(X)``: a ``NormalGamma`` with
         ``m0`` = the mean, ``k0 = 1/N``, ``a0 = 1`` and ``b0`` = the pooled
         per-dimension variance within the two groups of a 2-means clustering (the
         paper's ``b0`` is the whole data variance; ``NormalGamma.from_data``
@@ -73,7 +70,7 @@ class MAPDP:
     :param n_restarts: random point orders (and k-means++ seeds) tried; the
         lowest NLL wins.
     :param mode: ``"batched"`` (default: blocks scored at once, never
-        increasing the NLL, see ``jaxbnp.inference.mapdp``) or
+        increasing the NLL, see ``jaxbnp.inference.partition.mapdp``) or
         ``"sequential"`` (the paper's point-by-point sweep).
     :param tol: stop sweeping when a sweep lowers the NLL by less than this.
     :param max_iter: maximum number of iterations (sweeps, merge and split rounds).
@@ -84,7 +81,7 @@ class MAPDP:
     :param block_size: points per block in batched mode.
     :param split_moves: when the sweeps (and merges) have converged, propose
         splitting every cluster in two and keep splits that lower the NLL,
-        then sweep again (``jaxbnp.inference.mapdp.split_round``).
+        then sweep again (``jaxbnp.inference.partition.mapdp.split_round``).
     :param merge_moves: when the sweeps have converged, merge pairs of
         clusters whose merge lowers the NLL (``merge_round``), so that an
         over-segmented start comes down to the right number of clusters.

@@ -10,8 +10,8 @@ import pytest
 from numpyro import handlers
 
 from jaxbnp import metrics
-from jaxbnp.inference import bhmc
-from jaxbnp.inference.clusters import CapacityError
+from jaxbnp.inference.bhmc import sampler as bhmc
+from jaxbnp.inference.partition.clusters import CapacityError
 from jaxbnp.models import nested
 
 FAST = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}

@@ -228,7 +228,7 @@ def test_tgmcmc_start_is_the_kernels_ibhc_partition():
 
     import jaxbnp as bnp
     from jaxbnp import cli
-    from jaxbnp.inference.clusters import canonical_labels
+    from jaxbnp.inference.partition.clusters import canonical_labels
 
     rng = np.random.default_rng(6)
     X = np.r_[rng.normal(-4, 0.7, (15, 2)), rng.normal(0, 0.7, (15, 2)), rng.normal(4, 0.7, (15, 2))]

@@ -17,10 +17,10 @@ import pytest
 from numpyro.infer import MCMC
 from scipy import stats
 
-from jaxbnp.inference import ddt_mcmc
-from jaxbnp.inference import population as pop
-from jaxbnp.inference.ddt_mcmc import DiffusionTreeMCMC, fit_ddt
-from jaxbnp.inference.population import PopulationDDT
+from jaxbnp.inference.trees import mcmc as ddt_mcmc
+from jaxbnp.inference.trees import population as pop
+from jaxbnp.inference.trees.mcmc import DiffusionTreeMCMC, fit_ddt
+from jaxbnp.inference.trees.population import PopulationDDT
 from jaxbnp.models import ddt
 from jaxbnp.models.ddt import BrownianLeaves, DiffusionTree
 

@@ -84,7 +84,8 @@ _EXCHANGE = """
 import jax
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp, numpy as np, numpyro.distributions as dist
-from jaxbnp.inference import ddt_mcmc, population
+from jaxbnp.inference.trees import mcmc as ddt_mcmc
+from jaxbnp.inference.trees import population
 from jaxbnp.models import ddt
 X = jnp.array([[-0.7, -0.4], [-0.5, -0.8], [0.6, 0.5], [0.8, 0.3]])
 print("RUN population.exchange_step, 8 chains of 4 leaves", flush=True)
@@ -111,7 +112,7 @@ if DTYPE == "float64":
 import jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
 from numpyro.infer import MCMC
 import jaxbnp as bnp
-from jaxbnp import distributed
+from jaxbnp.inference import distributed
 
 FT = np.dtype(DTYPE)
 assert jnp.result_type(float) == FT, jnp.result_type(float)

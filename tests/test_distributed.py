@@ -22,8 +22,9 @@ import pytest
 from sklearn.datasets import load_wine
 
 import jaxbnp as bnp
-from jaxbnp import distributed
-from jaxbnp.inference import mapdp, sharded
+from jaxbnp.inference import distributed
+from jaxbnp.inference.partition import mapdp
+from jaxbnp.inference import sharded
 
 from .conftest import TEST_XLA_FLAGS
 
@@ -42,8 +43,10 @@ FAMILY = bnp.NormalGamma(np.zeros(X.shape[1]), 0.1, 2.0, np.full(X.shape[1], 0.2
 EIGHT_DEVICES = PRELUDE + r'''
 import json, jax, jax.numpy as jnp, numpyro
 from numpyro.infer import MCMC
-from jaxbnp.inference import mapdp, sharded, gibbs
-from jaxbnp.inference.clusters import clusters_from_labels
+from jaxbnp.inference.partition import mapdp
+from jaxbnp.inference import sharded
+from jaxbnp.inference.partition import gibbs
+from jaxbnp.inference.partition.clusters import clusters_from_labels
 assert jax.device_count() == 8
 out = {}
 # 1. sharded MAP-DP (8 shards x 2 points = global blocks of 16; 178 points -> 14 padding rows)
@@ -104,7 +107,7 @@ print("JSON" + json.dumps(out))
 LOOPBACK = r'''
 import json, sys
 pid, port = int(sys.argv[1]), int(sys.argv[2])
-from jaxbnp import distributed
+from jaxbnp.inference import distributed
 # first, before anything touches a JAX backend
 index, count = distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
 import jax

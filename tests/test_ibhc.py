@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.special import logsumexp
 
-from jaxbnp.inference import ibhc as ib
+from jaxbnp.inference.tgmcmc import ibhc as ib
 from jaxbnp.models.families import NormalGamma, NormalWishart
 from jaxbnp.models.measures import DP, NGGP, PitmanYor
 

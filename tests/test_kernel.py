@@ -12,8 +12,8 @@ import pytest
 from numpyro.infer import MCMC, NUTS, HMCGibbs
 
 import jaxbnp as bnp
-from jaxbnp.inference import gibbs
-from jaxbnp.inference.clusters import init_clusters
+from jaxbnp.inference.partition import gibbs
+from jaxbnp.inference.partition.clusters import init_clusters
 
 NG = bnp.NormalGamma(m0=0.0, k0=0.2, a0=2.0, b0=1.0)
 
@@ -166,7 +166,7 @@ def test_empty_data_raises():
 
 def test_string_data_raises():
     with pytest.raises(ValueError, match="numeric"):
-        bnp.inference.kernels.check_data(np.array([["a", "b"]]))
+        bnp.inference.partition.kernels.check_data(np.array([["a", "b"]]))
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ from sklearn.metrics import adjusted_rand_score
 
 import jaxbnp as bnp
 from jaxbnp.estimators import MAPDP, SingleClusterWarning, select_alpha
-from jaxbnp.inference import mapdp as mapdp_core
-from jaxbnp.inference.clusters import init_clusters
-from jaxbnp.inference.hyperparameters import family_type2_ml
+from jaxbnp.inference.partition import mapdp as mapdp_core
+from jaxbnp.inference.partition.clusters import init_clusters
+from jaxbnp.inference.partition.hyperparameters import family_type2_ml
 
 
 # ----------------------------------------------------------------------------- NumPy reference
@@ -126,7 +126,7 @@ def _uci(loader=load_breast_cancer):
     """Standardised UCI data and a fixed prior under which MAP-DP finds many clusters.
 
     (From one cluster, MAP-DP keeps well-separated groups together when the
-    prior mean is vague: see the note in ``jaxbnp.inference.mapdp``. These
+    prior mean is vague: see the note in ``jaxbnp.inference.partition.mapdp``. These
     tests need partitions that actually move.)
     """
     data = loader()

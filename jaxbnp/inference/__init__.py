@@ -1,22 +1,22 @@
-"""How to fit the models: one module per algorithm, thin NumPyro adapters in ``kernels``."""
+"""How to fit the models, one subpackage per capability:
 
-from .clusters import CapacityError, ClusterState
-from .kernels import CollapsedGibbs, CollapsedGibbsState, collapsed_gibbs_fn
-from .split_merge import SplitMerge
+- ``partition``: one partition of the data (cluster state, collapsed Gibbs,
+  split-merge, MAP-DP) and their NumPyro kernels;
+- ``tgmcmc``: tree-guided MCMC over IBHC trees;
+- ``trees``: Dirichlet diffusion trees, within-chain and population MCMC;
+- ``bhmc``: the nested CRP with multilevel HDP mixtures;
+- ``sharded`` and ``distributed``: the drivers over device meshes and hosts.
+"""
+
+from .bhmc import BHMCFit, fit_bhmc
+from .partition import (
+    CapacityError, ClusterState, CollapsedGibbs, CollapsedGibbsState, SplitMerge, collapsed_gibbs_fn,
+)
 from .tgmcmc import TreeGuidedMCMC
+from .trees import DDTFit, DiffusionTreeMCMC, PopulationDDT, fit_ddt
 
 __all__ = [
     "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn",
-    "SplitMerge", "TreeGuidedMCMC",
+    "SplitMerge", "TreeGuidedMCMC", "DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt",
+    "BHMCFit", "fit_bhmc",
 ]
-
-# Dirichlet diffusion trees: within-chain MCMC and population MCMC (MATH.md §5)
-from .ddt_mcmc import DDTFit, DiffusionTreeMCMC, fit_ddt  # noqa: E402
-from .population import PopulationDDT  # noqa: E402
-
-__all__ += ["DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt"]
-
-# BHMC: nested CRP + multilevel HDP mixture (MATH.md §6)
-from .bhmc import BHMCFit, fit_bhmc  # noqa: E402
-
-__all__ += ["BHMCFit", "fit_bhmc"]

@@ -5,7 +5,7 @@ cluster ``counts`` and additive statistics of *all* points (MATH.md §2:
 statistics add), and the per-shard changes are combined with ``lax.psum``.
 JAX is the distributed engine: the same program runs on host devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8``), on GPUs, and across
-hosts after ``jax.distributed.initialize`` (see :mod:`jaxbnp.distributed`).
+hosts after ``jax.distributed.initialize`` (see :mod:`jaxbnp.inference.distributed`).
 
 Layout
 ------
@@ -22,7 +22,7 @@ MAP-DP (exact: the same algorithm as ``mapdp.fit(mode="batched")``)
 -------------------------------------------------------------------
 Global blocks are visited in order. In a block, every shard proposes moves
 for its ``B`` points against the globally synchronised statistics
-(:func:`jaxbnp.inference.mapdp.block_proposal`: each point left out of its
+(:func:`jaxbnp.inference.partition.mapdp.block_proposal`: each point left out of its
 own cluster, the best option chosen, all "new cluster" points of the block
 sent to the first free slot, which every shard sees the same); the changes
 of counts and statistics are summed with ``psum``. The combined update is
@@ -84,9 +84,9 @@ from jax.sharding import PartitionSpec as P
 
 from .._validation import check_data, check_labels
 from ..models.measures import Measure
-from .clusters import ClusterState, cluster_log_joint, compact_labels
-from .gibbs import assignment_sweep
-from .mapdp import MAPDPResult, block_delta, block_proposal
+from .partition.clusters import ClusterState, cluster_log_joint, compact_labels
+from .partition.gibbs import assignment_sweep
+from .partition.mapdp import MAPDPResult, block_delta, block_proposal
 
 __all__ = [
     "AXIS_NAME",
@@ -455,7 +455,7 @@ def fit_mapdp(
 
 
 def _raise_overflow(overflow, capacity):
-    from .clusters import CapacityError
+    from .partition.clusters import CapacityError
 
     if bool(np.asarray(jax.device_get(overflow))):
         raise CapacityError(

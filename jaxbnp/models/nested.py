@@ -28,7 +28,7 @@ breaking sticks when the rest ``β*_0`` falls below ``truncation`` (``ε``),
 so the program records ``num_sticks`` (the first ``k`` with rest ``< ε``) and
 ``truncation_ok`` (the rest after all ``K`` sticks is ``< ε``): with fixed
 shapes the program keeps all ``K`` sticks (a finer truncation) and
-:func:`simulate` raises :class:`~jaxbnp.inference.clusters.CapacityError`
+:func:`simulate` raises :class:`~jaxbnp.errors.CapacityError`
 when ``K`` sticks did not get the rest below ``ε`` (pass a larger
 ``component_capacity``) — nothing is dropped silently. A child's weights are
 the finite projection of the DP, ``Dir(γβ_z1, …, γβ_zK, γβ*_z)`` (paper §3,
@@ -360,12 +360,12 @@ def simulate(
     """Run :func:`nested_hdp_model` forward; return its sites as NumPy arrays plus ``X`` and ``labels``.
 
     ``labels[l]`` (``l = 1..L``) are the node ids at depth ``l``. Raises
-    :class:`~jaxbnp.inference.clusters.CapacityError` when ``component_capacity``
+    :class:`~jaxbnp.errors.CapacityError` when ``component_capacity``
     sticks did not bring the root's rest below ``truncation`` (paper §4.1).
     """
     from numpyro import handlers
 
-    from ..inference.clusters import CapacityError
+    from ..errors import CapacityError
 
     if int(num_points) < 1:
         raise ValueError(f"num_points must be >= 1, got {num_points}.")

@@ -28,7 +28,7 @@ import pytest
 from numpyro import handlers
 from scipy import stats
 
-from jaxbnp.inference import bhmc
+from jaxbnp.inference.bhmc import sampler as bhmc
 from jaxbnp.models import nested
 
 FAST = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}

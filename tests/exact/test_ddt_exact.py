@@ -48,8 +48,9 @@ import numpyro.distributions as dist
 import pytest
 from scipy import stats
 
-from jaxbnp.inference import ddt_mcmc, population
-from jaxbnp.inference.ddt_mcmc import Hyperpriors
+from jaxbnp.inference.trees import mcmc as ddt_mcmc
+from jaxbnp.inference.trees import population
+from jaxbnp.inference.trees.mcmc import Hyperpriors
 from jaxbnp.models import ddt
 
 FAST = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}  # compile 2-3x faster

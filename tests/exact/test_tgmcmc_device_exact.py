@@ -1,6 +1,6 @@
 """tgMCMC's compiled global moves (``trees="device"``, the default) against the host trees.
 
-The device moves (``jaxbnp.inference.tgmcmc_device``) must be the same exact
+The device moves (``jaxbnp.inference.tgmcmc.kernel.device``) must be the same exact
 chain as the host moves (``TreeGuidedHost``), whose detailed balance is checked
 pair by pair in ``test_tgmcmc_exact.py``:
 
@@ -24,8 +24,8 @@ import pytest
 from numpyro.infer import MCMC
 
 import jaxbnp as bnp
-from jaxbnp.inference import tgmcmc_device
-from jaxbnp.inference.tgmcmc import TreeGuidedHost, masks_from_labels
+from jaxbnp.inference.tgmcmc import device as tgmcmc_device
+from jaxbnp.inference.tgmcmc.kernel import TreeGuidedHost, masks_from_labels
 
 from .enumeration import canonical, set_partitions, total_variation
 from .test_gibbs_exact import NG, TV_TOLERANCE, _exact, _gaussian_data, _model

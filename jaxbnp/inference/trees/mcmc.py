@@ -46,7 +46,7 @@ Example
 >>> import jax, numpyro, numpyro.distributions as dist, jaxbnp as bnp
 >>> from numpyro.infer import MCMC
 >>> from jaxbnp.models.ddt import DiffusionTree, BrownianLeaves
->>> from jaxbnp.inference.ddt_mcmc import DiffusionTreeMCMC
+>>> from jaxbnp.inference.trees.mcmc import DiffusionTreeMCMC
 >>> def model(X):
 ...     c = numpyro.sample("c", dist.LogNormal(0.0, 1.0))
 ...     tree = numpyro.sample("tree", DiffusionTree(c, X.shape[0]))
@@ -69,8 +69,8 @@ from jax import lax
 from numpyro.handlers import seed, substitute, trace
 from numpyro.util import is_prng_key
 
-from .._validation import check_data
-from ..models.ddt import (
+from ..._validation import check_data
+from ...models.ddt import (
     BrownianLeaves,
     DiffusionTree,
     Tree,
@@ -90,7 +90,7 @@ from ..models.ddt import (
     root_of,
     structure_log_prior,
 )
-from .kernels import DiscreteSiteKernel
+from ..partition.kernels import DiscreteSiteKernel
 
 __all__ = [
     "Hyperpriors", "DDTState", "DDTInfo", "init", "step",
@@ -753,8 +753,8 @@ def fit_ddt(
 
     from .population import PopulationDDT
 
-    from .._cache import auto_enable
-    from .._progress import resolve as resolve_progress
+    from ..._cache import auto_enable
+    from ..._progress import resolve as resolve_progress
 
     show = resolve_progress(progress_bar)
     Xn = check_data(X)

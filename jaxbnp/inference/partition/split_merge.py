@@ -41,7 +41,7 @@ Example
 -------
 >>> import jax, numpyro, jaxbnp as bnp
 >>> from numpyro.infer import MCMC
->>> from jaxbnp.inference.split_merge import SplitMerge
+>>> from jaxbnp.inference.partition.split_merge import SplitMerge
 >>> def model(X):
 ...     z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
 ...     numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(), z), obs=X)
@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..models.measures import Measure
+from ...models.measures import Measure
 from . import gibbs as gibbs_core
 from .clusters import ClusterState, first_free_slot
 from .gibbs import _packer
@@ -316,7 +316,7 @@ def split_merge_move(
     leaves the state as it is and sets ``overflow``.
 
     >>> import jax, jax.numpy as jnp, jaxbnp as bnp
-    >>> from jaxbnp.inference.clusters import init_clusters
+    >>> from jaxbnp.inference.partition.clusters import init_clusters
     >>> X = jnp.array([[-2.0], [-2.1], [2.0], [2.2]])
     >>> state = init_clusters(bnp.NormalGamma(), X, jnp.zeros(4, int), capacity=4)
     >>> new = split_merge_move(jax.random.key(0), state, X, bnp.DP(1.0), bnp.NormalGamma())

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..models.measures import Measure, NGGP
+from ...models.measures import Measure, NGGP
 from .clusters import ClusterState, init_clusters
-from .slice import slice_sample
+from ..slice import slice_sample
 
 __all__ = [
     "GibbsState",

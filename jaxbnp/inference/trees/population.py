@@ -3,7 +3,7 @@
 MATH.md §5. ``K`` chains, each targeting ``π_k(T) ∝ p(T | c_k) p(X_k | T, σ_k, s_k)``
 (``X_k = X`` for a posterior; the core also accepts one data set per chain,
 which the Geweke test uses). One population step runs the within-chain sweep
-of :mod:`jaxbnp.inference.ddt_mcmc` on every chain (``jax.vmap``), then the
+of :mod:`jaxbnp.inference.trees.mcmc` on every chain (``jax.vmap``), then the
 exchange move on ``K // 2`` disjoint random pairs of chains (``vmap`` again,
 or ``lax.map``). The paper picks one pair per step; a random perfect matching
 with independent exact moves on disjoint pairs is equally exact and uses the
@@ -57,11 +57,11 @@ from jax import lax
 from jax.scipy.special import logsumexp
 from numpyro.util import is_prng_key
 
-from ..models.ddt import (
+from ...models.ddt import (
     _LOG_2PI, Tree, _attach, _detach, _evaluate, bottom_up_order, num_leaves, root_of,
 )
-from . import ddt_mcmc
-from .ddt_mcmc import DDTState, DiffusionTreeMCMC, Hyperpriors
+from . import mcmc as ddt_mcmc
+from .mcmc import DDTState, DiffusionTreeMCMC, Hyperpriors
 
 __all__ = [
     "ExchangeInfo", "PopulationInfo", "exchange", "exchange_step", "step",
@@ -360,7 +360,7 @@ def step(
 ) -> tuple[DDTState, PopulationInfo]:
     """One population step: vmapped within-chain sweeps, then :func:`exchange_step`.
 
-    ``chains``: a :class:`~jaxbnp.inference.ddt_mcmc.DDTState` with a leading
+    ``chains``: a :class:`~jaxbnp.inference.trees.mcmc.DDTState` with a leading
     chain axis ``K``; ``X``: ``(n, D)`` or ``(K, n, D)``. ``within_chain=False``
     runs the exchange moves alone (not irreducible on its own: for tests).
     """
@@ -406,7 +406,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 class PopulationDDT(DiffusionTreeMCMC):
     """Population MCMC over Dirichlet diffusion trees: a NumPyro ensemble kernel.
 
-    :param model: as for :class:`~jaxbnp.inference.ddt_mcmc.DiffusionTreeMCMC`.
+    :param model: as for :class:`~jaxbnp.inference.trees.mcmc.DiffusionTreeMCMC`.
     :param num_chains: ``K >= 2``; must equal ``MCMC(..., num_chains=K)``.
     :param subset_size: leaves exchanged per move, ``1 <= k <= n − 1``.
     :param temperature: ``τ > 0``; ``1`` (default) is exact, any other value

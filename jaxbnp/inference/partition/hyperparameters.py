@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..models.families import BetaBernoulli, DirichletMultinomial, NormalGamma, NormalWishart
+from ...models.families import BetaBernoulli, DirichletMultinomial, NormalGamma, NormalWishart
 
 __all__ = ["family_type2_ml"]
 

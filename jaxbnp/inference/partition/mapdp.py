@@ -91,7 +91,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..models.measures import Measure
+from ...models.measures import Measure
 from .clusters import (
     ClusterState, cluster_log_joint, clusters_from_labels, first_free_slot, tree_index,
 )
@@ -642,7 +642,7 @@ def default_prior(X, groups: int = PRIOR_GROUPS, seed: int = 0):
     """
     import numpy as np
 
-    from ..models.families import NormalGamma
+    from ...models.families import NormalGamma
 
     X = np.asarray(X, dtype=float)
     n = X.shape[0]

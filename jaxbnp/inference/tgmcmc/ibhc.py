@@ -48,7 +48,7 @@ Example
 >>> import numpy as np
 >>> from jaxbnp.models.measures import DP
 >>> from jaxbnp.models.families import NormalGamma
->>> from jaxbnp.inference.ibhc import ibhc, sample_sub
+>>> from jaxbnp.inference.tgmcmc.ibhc import ibhc, sample_sub
 >>> X = np.array([[0.0], [0.1], [-0.1], [10.0], [10.1], [9.9]])
 >>> forest = ibhc(X, DP(1.0), NormalGamma(0.0, 0.01, 1.0, 0.1))
 >>> forest.labels.tolist()
@@ -71,9 +71,9 @@ from typing import Any, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from .._validation import check_data
-from ..models.families import Family
-from ..models.measures import Measure
+from ..._validation import check_data
+from ...models.families import Family
+from ...models.measures import Measure
 
 __all__ = [
     "Node",
@@ -813,7 +813,7 @@ def _sequential_tree_arrays(unpack, family, log_kappa_table, points, count):
     """
     import jax.numpy as jnp
 
-    from .tgmcmc_device import TreeContext, build_tree, empty_pool
+    from .device import TreeContext, build_tree, empty_pool
 
     def lik(rows):
         return family.log_marginal(unpack(rows)).astype(points.dtype)

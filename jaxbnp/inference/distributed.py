@@ -29,7 +29,7 @@ in-memory fit.
 Example
 -------
 >>> import numpy as np, jaxbnp as bnp
->>> from jaxbnp.distributed import fit_mapdp_chunked
+>>> from jaxbnp.inference.distributed import fit_mapdp_chunked
 >>> X = np.random.default_rng(0).normal(size=(10_000, 2))   # or np.load(path, mmap_mode="r")
 >>> res = fit_mapdp_chunked(X, bnp.DP(1.0), bnp.NormalGamma.from_data(X), capacity=64,
 ...                         chunk_size=4096, block_size=1024)
@@ -46,15 +46,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._validation import check_data
-from .inference.clusters import CapacityError, ClusterState, cluster_log_joint
-from .inference.mapdp import batched_sweep
-from .inference.sharded import (
+from .._validation import check_data
+from .partition.clusters import CapacityError, ClusterState, cluster_log_joint
+from .partition.mapdp import batched_sweep
+from .sharded import (
     AXIS_NAME, Layout, ShardedData, ShardedGibbsResult, make_layout, make_mesh, shard_data,
 )
-from .inference.sharded import fit_mapdp as fit_mapdp_sharded
-from .inference.sharded import gibbs as gibbs_sharded
-from .models.measures import Measure
+from .sharded import fit_mapdp as fit_mapdp_sharded
+from .sharded import gibbs as gibbs_sharded
+from ..models.measures import Measure
 
 __all__ = [
     "initialize",

@@ -2,7 +2,7 @@
 
 ``CollapsedGibbs(model)`` reads the model's trace to find its ``Partition``
 site and its observed ``ConjugateMixture`` site, then runs collapsed Gibbs
-sweeps (``jaxbnp.inference.gibbs``). It works under
+sweeps (``jaxbnp.inference.partition.gibbs``). It works under
 ``MCMC(..., chain_method="sequential" | "vectorized" | "parallel")`` with the
 same draws for the same key, and as a block of ``numpyro.infer.Gibbs`` next
 to ``NUTS`` (hyperparameters by NUTS, the partition by jaxbnp).
@@ -35,9 +35,9 @@ from numpyro.handlers import seed, substitute, trace
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from .._validation import check_data, check_labels
-from ..models.distributions import AuxiliaryU, ConjugateMixture, Partition
-from ..models.measures import DP, NGGP
+from ..._validation import check_data, check_labels
+from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
+from ...models.measures import DP, NGGP
 from . import gibbs as gibbs_core
 from .clusters import (
     ClusterState, canonical_labels, cluster_log_joint, clusters_from_labels, raise_if_overflow,

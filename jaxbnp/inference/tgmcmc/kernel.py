@@ -6,9 +6,9 @@ local moves (collapsed Gibbs updates of a random subset of points), then, for
 NGGP, a slice update of ``u`` (and optionally ``alpha``/``sigma``).
 
 By default (``trees="device"``) the global moves run compiled in JAX on array
-trees (:mod:`jaxbnp.inference.tgmcmc_device`: the same moves and probabilities,
+trees (:mod:`jaxbnp.inference.tgmcmc.kernel.device`: the same moves and probabilities,
 no callback). With ``trees="host"`` they run on the host: the IBHC trees live in NumPy
-(:mod:`jaxbnp.inference.ibhc`), one store per chain keyed by a chain id, and
+(:mod:`jaxbnp.inference.tgmcmc.ibhc`), one store per chain keyed by a chain id, and
 one ``jax.experimental.io_callback`` per iteration runs all
 ``num_global_moves`` moves of that chain. Their likelihood terms are
 evaluated in vectorised NumPy float64 (``TreeModel``: the families' and
@@ -79,10 +79,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from ..models.families import Family
-from ..models.measures import DP, NGGP
-from . import gibbs as gibbs_core
-from .clusters import canonical_labels, clusters_from_labels
+from ...models.families import Family
+from ...models.measures import DP, NGGP
+from ..partition import gibbs as gibbs_core
+from ..partition.clusters import canonical_labels, clusters_from_labels
 from .ibhc import (
     Node,
     TreeModel,
@@ -98,9 +98,9 @@ from .ibhc import (
     stoc_insert,
     stoc_insert_log_prob,
 )
-from .kernels import MoveStatsKernel, MoveStatsState, _chain_id
-from .split_merge import _check_count
-from .tgmcmc_device import Forest, empty_forest, global_moves_forest
+from ..partition.kernels import MoveStatsKernel, MoveStatsState, _chain_id
+from ..partition.split_merge import _check_count
+from .device import Forest, empty_forest, global_moves_forest
 
 __all__ = [
     "TreeGuidedMCMC",
@@ -600,7 +600,7 @@ def _host_init_labels(run_id, method, chain_id, key_data, X, measure, family, u)
 
 # ----------------------------------------------------------------------------- the kernel
 #: State of a :class:`TreeGuidedMCMC` chain: the fields of
-#: :class:`~jaxbnp.inference.kernels.MoveStatsState` plus ``forest``, the canonical trees of
+#: :class:`~jaxbnp.inference.partition.kernels.MoveStatsState` plus ``forest``, the canonical trees of
 #: the current partition (``trees="device"``; ``None`` otherwise), kept so that the next
 #: iteration rebuilds only the trees of the clusters that changed.
 TreeGuidedState = NamedTuple(
@@ -629,7 +629,7 @@ class TreeGuidedMCMC(MoveStatsKernel):
         such moves (an upper bound of the statistic). ``False`` computes every
         ``log r`` in full.
     :param trees: ``"device"`` (default): the global moves run compiled in JAX on
-        array trees (:mod:`jaxbnp.inference.tgmcmc_device`), vmapped over chains,
+        array trees (:mod:`jaxbnp.inference.tgmcmc.kernel.device`), vmapped over chains,
         with no host callback; ``"host"``: the trees live on the host as NumPy
         ``Node`` objects, one store per chain, edited through one ``io_callback``
         per iteration (:class:`TreeGuidedHost`). The same exact chain either way

@@ -50,7 +50,7 @@ Deviations and exactness (say so, MATH.md §0):
 Arrays: ``node_capacity`` node slots (node ``0`` the root) and
 ``component_capacity`` component slots. Running out of either sets
 ``overflow`` (the move that needed the slot is not made) and
-:func:`fit_bhmc` raises :class:`~jaxbnp.inference.clusters.CapacityError`
+:func:`fit_bhmc` raises :class:`~jaxbnp.inference.partition.clusters.CapacityError`
 naming the option to raise: nothing is dropped silently.
 
 Kernel pattern: ``init(key, X, model, config) -> BHMCState`` and
@@ -60,7 +60,7 @@ chains are ``jax.vmap`` over keys; :func:`fit_bhmc` is the one-call entry.
 Example
 -------
 >>> import jax, numpy as np
->>> from jaxbnp.inference.bhmc import fit_bhmc
+>>> from jaxbnp.inference.bhmc.sampler import fit_bhmc
 >>> X = np.r_[np.random.default_rng(0).normal(-3, 0.3, (10, 2)), np.random.default_rng(1).normal(3, 0.3, (10, 2))]
 >>> fit = fit_bhmc(jax.random.key(0), X, depth=2, num_samples=20, num_warmup=20, num_chains=2)
 >>> fit.labels_per_level.shape, fit.log_lik.shape
@@ -80,9 +80,9 @@ from jax import lax
 from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import logsumexp
 
-from .._validation import check_data
-from ..models.nested import NestedHDP, _path_log_prior_table, check_covariance, sample_ncrp
-from .clusters import CapacityError
+from ..._validation import check_data
+from ...models.nested import NestedHDP, _path_log_prior_table, check_covariance, sample_ncrp
+from ..partition.clusters import CapacityError
 
 __all__ = [
     "BHMCConfig", "BHMCModel", "BHMCState", "make_model", "init", "sweep", "point_update",
@@ -524,7 +524,7 @@ def _crp_labels(key, n, gamma0, capacity):
 
 def _assemble(paths, c, theta, log_beta, alpha, gamma0, gamma, X, model, config, overflow=False):
     M, K = config.node_capacity, config.component_capacity
-    from ..models.nested import tree_from_paths
+    from ...models.nested import tree_from_paths
 
     parent, depth, count = tree_from_paths(paths, M)
     full = jnp.concatenate([jnp.zeros((paths.shape[0], 1), jnp.int32), paths], axis=1)
@@ -698,7 +698,7 @@ def fit_bhmc(
     if compiler_options == "auto":
         small = n * (num_warmup + num_samples) * num_chains <= 20000
         compiler_options = FAST_COMPILE if small else None
-    from .._cache import auto_enable
+    from ..._cache import auto_enable
 
     auto_enable()  # the persistent compilation cache (jaxbnp._cache)
     init_fn, step_fn = _compiled_run(config, bool(store_samples), compiler_options)

@@ -11,7 +11,7 @@ Example
 -------
 >>> import jax.numpy as jnp
 >>> from jaxbnp.models.families import NormalGamma
->>> from jaxbnp.inference.clusters import init_clusters
+>>> from jaxbnp.inference.partition.clusters import init_clusters
 >>> st = init_clusters(NormalGamma(), jnp.zeros((4, 1)), jnp.array([0, 0, 5, 5]), capacity=4)
 >>> st.counts.tolist()
 [2, 2, 0, 0]
@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._validation import check_labels
+from ..._validation import check_labels
+from ...errors import CapacityError
 
 __all__ = [
     "ClusterState",
@@ -39,10 +40,6 @@ __all__ = [
     "CapacityError",
     "raise_if_overflow",
 ]
-
-
-class CapacityError(RuntimeError):
-    """Raised when a sampler needs more cluster slots than its capacity."""
 
 
 class ClusterState(NamedTuple):

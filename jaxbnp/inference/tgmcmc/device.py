@@ -1,6 +1,6 @@
 """tgMCMC's global moves compiled in JAX: IBHC trees as fixed-size arrays (MATH.md §4).
 
-The same exact chain as :class:`~jaxbnp.inference.tgmcmc.TreeGuidedHost`
+The same exact chain as :class:`~jaxbnp.inference.tgmcmc.kernel.TreeGuidedHost`
 (its module docstring: canonical trees, the total probability of a split
 summed over every cut node that yields it, early rejection), with the trees
 held in arrays instead of host ``Node`` objects, so that a whole iteration's
