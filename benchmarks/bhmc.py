@@ -1,4 +1,4 @@
-"""Benchmark: BHMC (nCRP + multilevel HDP mixture, issue #6, MATH.md §6) against Ward clustering.
+"""Benchmark: BHMC (nCRP + multilevel HDP mixture, issue #6, docs/mathematics.md §6) against Ward clustering.
 
 For each data set, BHMC (``jaxbnp.inference.bhmc.sampler.fit_bhmc``, depth 2, the sample
 with the highest complete-data log likelihood, as in the paper) and SciPy's

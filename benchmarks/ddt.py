@@ -1,4 +1,4 @@
-"""Benchmark: Dirichlet diffusion trees, vectorised chains and population MCMC (issue #5, MATH.md §5).
+"""Benchmark: Dirichlet diffusion trees, vectorised chains and population MCMC (issue #5, docs/mathematics.md §5).
 
 1. Throughput of the within-chain sampler (``jaxbnp.inference.trees.mcmc.step``:
    ``n`` subtree moves, ``n − 1`` time moves, slice updates of ``c`` and ``σ``)

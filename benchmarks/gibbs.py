@@ -2,7 +2,7 @@
 
 Measures, for ``data/nrmm/toy`` (1300 x 2) and ``data/nrmm/10k`` (10000 x 6),
 with ``DP(1.0)`` and ``NormalWishart.from_data(X)`` (the tgMCMC paper's prior,
-MATH.md §2), in JAX's default float32:
+docs/mathematics.md §2), in JAX's default float32:
 
 1. jaxbnp, one chain: seconds per ``gibbs_sweep`` (jitted, compile excluded,
    median of several timed sweeps after warm-up sweeps from "all points in one
@@ -180,7 +180,7 @@ def _num_clusters(state) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- NumPy baseline
 class NumpyNormalWishart:
-    """Normal-Wishart predictive in float64 NumPy (MATH.md §2).
+    """Normal-Wishart predictive in float64 NumPy (docs/mathematics.md §2).
 
     ``dof = nu_n - D + 1``, location ``m_n``, scale ``Psi_n (r_n + 1) / (r_n dof)``.
     Per cluster the parameters are ``(m_n, L^-1, dof, log_norm)`` with ``L`` the

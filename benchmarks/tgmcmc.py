@@ -14,7 +14,7 @@ the same model function:
 * ``tgMCMC``: ``bnp.TreeGuidedMCMC(model, num_global_moves=20, depth=2,
   init="noisy", capacity=...)`` (the paper's ``G = 20``, ``D = 2``).
 
-Model (MATH.md §1-2): ``NormalWishart.from_data(X)`` (the paper's r = 0.1,
+Model (docs/mathematics.md §1-2): ``NormalWishart.from_data(X)`` (the paper's r = 0.1,
 nu = D + 6, m0 = sample mean, det Psi = 0.1) under
 
 * ``DP(1.0)`` on toy (its ground truth has log p(X, Pi) = -1577.57, checked);
@@ -132,7 +132,7 @@ COLORS = {"gibbs": "tab:red", "sm": "tab:green", "tgmcmc": "tab:blue"}
 # (data set, measure) cells, in the paper's order
 CELLS = (("toy", "dp"), ("toy", "nggp"), ("10k", "nggp"))
 DP_ALPHA = 1.0
-DP_TOY_GT_LOG_JOINT = -1577.57  # MATH.md §2
+DP_TOY_GT_LOG_JOINT = -1577.57  # docs/mathematics.md §2
 PAPER_TGMCMC_10K = -73364.0  # the paper's tgMCMC max log joint on 10k (Fig. 4)
 TARGET_10K_SECONDS = 1000.0
 
@@ -248,7 +248,7 @@ def noisy_labels(X: np.ndarray, measure, family, seed: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- ground truth
 def ground_truth_levels(X: np.ndarray, labels: np.ndarray, measure, family) -> dict:
-    """Log joint of the ground-truth partition (MATH.md §2).
+    """Log joint of the ground-truth partition (docs/mathematics.md §2).
 
     DP: ``log p(X, Pi_gt)``. NGGP: the traces show ``log p(X, Pi, u)`` at the
     current ``u``; the level used is its mean under ``p(u | Pi_gt)`` (a chain on
@@ -580,7 +580,7 @@ def run_cell(data: str, measure_kind: str, X, y, args, data_dir: Path, res: dict
     gt = ground_truth_levels(X, y, measure, family)
     tol = args.level_tolerance
     if data == "toy" and measure_kind == "dp" and abs(gt["level"] - DP_TOY_GT_LOG_JOINT) > 0.05:
-        res["notes"].append(f"toy DP(1) ground-truth log joint {gt['level']:.3f} != MATH.md's "
+        res["notes"].append(f"toy DP(1) ground-truth log joint {gt['level']:.3f} != docs/mathematics.md's "
                             f"{DP_TOY_GT_LOG_JOINT} (check the prior).")
     if data == "10k":
         level, level_kind = args.target_10k, "the paper's tgMCMC log joint on 10k"

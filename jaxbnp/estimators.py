@@ -6,7 +6,7 @@ estimate partition; ``fit`` / ``fit_predict`` / ``predict`` /
 ``predict_proba`` / ``score_samples`` / ``score``. A scikit-learn estimator
 (``BaseEstimator``, ``ClusterMixin``) when scikit-learn is installed.
 
-``MAPDP``: MAP-DP clustering (MATH.md §3), ``fit`` / ``fit_predict`` /
+``MAPDP``: MAP-DP clustering (docs/mathematics.md §3), ``fit`` / ``fit_predict`` /
 ``predict`` / ``score_samples`` / ``score``.
 
 Example
@@ -36,6 +36,7 @@ from ._validation import check_data
 from .inference.partition import mapdp as mapdp_core
 from .errors import CapacityError, SingleClusterWarning
 from .inference.partition.clusters import ClusterState
+from .inference.runner import run
 from .models.families import Family, NormalWishart
 from .models.measures import DP, Measure, PitmanYor
 
@@ -43,7 +44,7 @@ __all__ = ["MAPDP", "DirichletProcessMixture", "select_alpha", "SingleClusterWar
 
 
 class MAPDP:
-    """MAP-DP clustering (Raykov et al. 2014), MATH.md §3.
+    """MAP-DP clustering (Raykov et al. 2014), docs/mathematics.md §3.
 
     The defaults depart from the paper so that well separated clusters are
     found at every size: a k-means++ start with ``init_clusters`` clusters
@@ -258,7 +259,7 @@ class MAPDP:
                                               self.measure_, self.family_)
 
     def predict(self, X: Any, allow_new: bool = False) -> np.ndarray:
-        """Modal assignment of new points (MATH.md §3).
+        """Modal assignment of new points (docs/mathematics.md §3).
 
         Each point goes to ``argmax_k N_k p(x | X_k)``. With ``allow_new=True``,
         a point whose best option is a new cluster (``α p(x)``) gets ``-1``.
@@ -424,109 +425,16 @@ def _kernel_class(method: str):
     return {"gibbs": CollapsedGibbs, "splitmerge": SplitMerge, "tgmcmc": TreeGuidedMCMC}[method]
 
 
-def _make_runner(method, options, capacity, num_chains, num_warmup, num_samples, thinning, chunk):
-    """``run(key, X, measure, family, bar=None) -> (last_state, draws)``, compiled.
+def _collect(state):
+    out = {"labels": state.z["z"], "log_joint": state.log_joint, "num_clusters": state.num_clusters}
+    if "u" in state.z:
+        out["u"] = state.z["u"]
+    return out
 
-    It does what ``numpyro.infer.MCMC(kernel, num_warmup=W, num_samples=N * thinning,
-    thinning=thinning, num_chains=C, chain_method="vectorized").run(key, X)`` does
-    (same key splitting, same kernel calls, same kept iterations), so the draws are the
-    same (log joints up to rounding in the last bit), but with compiled programs that
-    later fits with the same settings and shapes reuse (NumPyro traces and compiles its
-    sampling loop again on every ``run``: several seconds per call).
 
-    The iterations run in compiled blocks of ``chunk`` (all of them in one block
-    when there is no progress bar); between blocks the host advances ``bar``. The
-    block size changes nothing in the draws: each iteration is the same function of
-    the state.
-    """
+def _make_kernel(method, options):
     kernel_cls = _kernel_class(method)
-    total = num_warmup + num_samples * thinning
-    ragged = total % chunk != 0
-
-    # one kernel object for both programs: ``init`` (traced in ``start``) sets up the
-    # sample function that ``advance`` calls; measure and family are model arguments
-    kernel = kernel_cls(_dpm_model, capacity=capacity, **dict(options))
-    # the overflow flag stays in the state and ``run`` checks it after the last block: no
-    # host callback in the programs, so JAX's persistent compilation cache can keep them
-    kernel.host_overflow_check = False
-
-    def collect(s):
-        out = {"labels": s.z["z"], "log_joint": s.log_joint, "num_clusters": s.num_clusters}
-        if "u" in s.z:
-            out["u"] = s.z["u"]
-        return out
-
-    def start(key, X, measure, family):
-        keys = jax.random.split(key, num_chains) if num_chains > 1 else key
-        state = kernel.init(keys, num_warmup, None, (X, measure, family), {})
-        buffers = jax.tree.map(
-            lambda a: jnp.zeros((num_samples,) + jnp.shape(a), jnp.result_type(a)), collect(state)
-        )
-        return state, buffers
-
-    def advance(carry, first, X, measure, family):
-        def body(i, carry):
-            s, buf = carry
-            s = kernel.sample(s, (X, measure, family), {})
-            j = i - num_warmup
-            # NumPyro's fori_collect keeps the last iteration of each block of `thinning`
-            keep = (j >= 0) & (j % thinning == thinning - 1)
-            idx = jnp.clip(j // thinning, 0, num_samples - 1)
-            buf = jax.tree.map(
-                lambda b, v: b.at[idx].set(jnp.where(keep, v, b[idx])), buf, collect(s)
-            )
-            return s, buf
-
-        def step(k, carry):
-            i = first + k
-            if not ragged:
-                return body(i, carry)
-            return jax.lax.cond(i < total, lambda c: body(i, c), lambda c: c, carry)
-
-        return jax.lax.fori_loop(0, chunk, step, carry)
-
-    start, advance = jax.jit(start), jax.jit(advance)
-
-    def run(key, X, measure, family, bar=None):
-        carry = start(key, X, measure, family)
-        for first in range(0, total, chunk):
-            carry = advance(carry, first, X, measure, family)
-            if bar is not None and not bar.disable:
-                jax.block_until_ready(carry)
-                bar.update(min(chunk, total - first))
-        if bool(np.any(np.asarray(carry[0].clusters.overflow))):
-            raise CapacityError(f"all {capacity} cluster slots are in use; the run is discarded")
-        return carry
-
-    return run
-
-
-_RUNNERS: Any = None  # OrderedDict of compiled runners, most recently used last
-PROGRESS_BLOCKS = 50  # compiled blocks a run is cut into when it shows a progress bar
-
-
-def _runner(method, options, capacity, num_chains, num_warmup, num_samples, thinning, progress=False):
-    """A cached runner for ``gibbs``/``splitmerge``; a fresh one for ``tgmcmc``.
-
-    tgMCMC keeps its trees on the host, keyed by a run id fixed when the
-    program is traced, so each fit traces its own program.
-    """
-    global _RUNNERS
-    from collections import OrderedDict
-
-    total = num_warmup + num_samples * thinning
-    chunk = max(1, -(-total // PROGRESS_BLOCKS)) if progress else total
-    args = (method, options, capacity, num_chains, num_warmup, num_samples, thinning, chunk)
-    if method == "tgmcmc":
-        return _make_runner(*args)
-    if _RUNNERS is None:
-        _RUNNERS = OrderedDict()
-    if args not in _RUNNERS:
-        _RUNNERS[args] = _make_runner(*args)
-        while len(_RUNNERS) > 16:
-            _RUNNERS.popitem(last=False)
-    _RUNNERS.move_to_end(args)
-    return _RUNNERS[args]
+    return lambda capacity: kernel_cls(_dpm_model, capacity=capacity, **dict(options))
 
 
 def _predictive_tables(X, draws, measure, family, u, estimate):
@@ -643,7 +551,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
 
     Samples the posterior over partitions ``p(Π | X)`` of a conjugate mixture
     with a ``DP`` (default), ``PitmanYor`` or ``NGGP`` partition prior
-    (MATH.md §1-2), then summarises it: ``labels_`` is the partition
+    (docs/mathematics.md §1-2), then summarises it: ``labels_`` is the partition
     minimising the posterior expected variation of information (or Binder's
     loss) over the draws (:func:`jaxbnp.metrics.point_estimate`).
 
@@ -690,7 +598,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
     Prediction uses the posterior predictive averaged over the draws: a new
     point ``x`` joins draw ``t``'s cluster ``j`` with probability proportional
     to ``w_tj p(x | X_tj)`` and a new cluster with ``w_t,new p(x)`` (the
-    measure's normalised Gibbs weights, MATH.md §1), jointly over all draws.
+    measure's normalised Gibbs weights, docs/mathematics.md §1), jointly over all draws.
     ``predict_proba`` maps draw clusters onto the clusters of ``labels_`` by
     their overlap (``|C_tj ∩ Ĉ_k| / |C_tj|``) and adds a last column for a
     new cluster; ``predict`` takes the most probable existing cluster, or
@@ -887,28 +795,18 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
             options.setdefault("init_strategy", "prior")
         Xj = jnp.asarray(X, dtype=jnp.result_type(float))
         capacity = int(self.capacity) if self.capacity is not None else min(n, 128)
-        show = _resolve_progress(self.progress_bar)
-        total = int(self.num_warmup) + int(self.num_samples) * int(self.thinning)
-        while True:
-            run = _runner(self.method, tuple(sorted(options.items())), capacity,
-                          int(self.num_chains), int(self.num_warmup), int(self.num_samples),
-                          int(self.thinning), progress=show)
-            try:
-                with _progress_bar(total, f"{self.method} (capacity {capacity})", show) as bar:
-                    _, draws = run(jax.random.key(seed), Xj, measure, family, bar=bar)
-                    draws = jax.device_get(draws)
-                break
-            except CapacityError:  # grow the capacity on the host and start again
-                if capacity >= n:
-                    raise
-                capacity = min(2 * capacity, n)
-        chains = int(self.num_chains)
-
-        def by_chain(a):
-            a = np.asarray(a)
-            return np.swapaxes(a, 0, 1) if chains > 1 else a[None]
-
-        samples = {k: by_chain(v) for k, v in draws.items()}
+        options_key = tuple(sorted(options.items()))
+        result = run(
+            _make_kernel(self.method, options_key), jax.random.key(seed), (Xj, measure, family),
+            num_warmup=int(self.num_warmup), num_samples=int(self.num_samples),
+            num_chains=int(self.num_chains), thinning=int(self.thinning), collect=_collect,
+            capacity=capacity, max_capacity=n, progress_bar=self.progress_bar,
+            description=self.method,
+            # tgMCMC's host trees are keyed by a run id fixed when the program is traced
+            cache_key=None if self.method == "tgmcmc" else ("dpm", self.method, options_key),
+        )
+        capacity = result.capacity
+        samples = dict(result.samples)
         samples["labels"] = samples["labels"].astype(np.int32)
         samples["num_clusters"] = samples["num_clusters"].astype(np.int64)
         from .metrics import point_estimate

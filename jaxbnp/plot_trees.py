@@ -1,4 +1,4 @@
-"""Tree plots: dendrograms of Dirichlet diffusion trees (MATH.md §5) and BHMC trees (MATH.md §6).
+"""Tree plots: dendrograms of Dirichlet diffusion trees (docs/mathematics.md §5) and BHMC trees (docs/mathematics.md §6).
 
 Needs the ``plot`` extra and SciPy (``pip install "jaxbnp[plot]" scipy``);
 both are imported lazily.

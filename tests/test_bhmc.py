@@ -1,4 +1,4 @@
-"""BHMC (MATH.md §6): recovery, input checks, reproducibility, vmapped chains, per-level metrics."""
+"""BHMC (docs/mathematics.md §6): recovery, input checks, reproducibility, vmapped chains, per-level metrics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Dirichlet diffusion trees: data term, move identities, outputs, NumPyro kernels, errors (MATH.md §5).
+"""Dirichlet diffusion trees: data term, move identities, outputs, NumPyro kernels, errors (docs/mathematics.md §5).
 
 The distributional checks (prior normalisation, Geweke tests, the 4-point
 posterior) are in ``tests/exact/test_ddt_exact.py``.
@@ -83,7 +83,7 @@ def test_brownian_sampler_has_the_model_covariance():
 # ---------------------------------------------------------------------------- move identities
 def test_leaf_subtree_moves_are_metropolis_hastings_on_the_data_term():
     """For a single leaf the structure terms and the re-attachment density cancel exactly
-    (MATH.md §5), so the subtree move is Neal's move: MH on the data term alone."""
+    (docs/mathematics.md §5), so the subtree move is Neal's move: MH on the data term alone."""
     n = 6
     tree = _tree(n, 1)
     X = np.random.default_rng(1).normal(size=(n, 2))

@@ -91,7 +91,7 @@ def test_progress_bar_reports_without_changing_the_draws(fitted, capsys, monkeyp
 # ----------------------------------------------------------------------------- prediction
 def _predictive_by_marginal_ratios(X, dpm, x):
     """Per draw and option (each cluster, then a new one): ``log p(x, option | X, Π_t)`` as a
-    ratio of marginal likelihoods times the DP's prior predictive weight (MATH.md §1-2):
+    ratio of marginal likelihoods times the DP's prior predictive weight (docs/mathematics.md §1-2):
     ``log(n_j / (n + α)) + log P(X_j ∪ x) − log P(X_j)`` and ``log(α / (n + α)) + log P(x)``,
     in NumPy (the family's host formulas), not through the predictive t densities."""
     family, alpha, n = dpm.family_, float(dpm.measure_.alpha), X.shape[0]

@@ -1,4 +1,4 @@
-"""Conjugate families (MATH.md §2): marginals, predictives, prior settings, checks.
+"""Conjugate families (docs/mathematics.md §2): marginals, predictives, prior settings, checks.
 
 The references are computed without the library: numerical integrals over the
 cluster parameters (``scipy.integrate``), Monte Carlo over Dirichlet draws,
@@ -116,7 +116,7 @@ def test_normal_gamma_multivariate_is_sum_of_univariate():
         st = fam_d.stats_from_labels(jnp.asarray(X[:, d : d + 1]), labels, 4)
         expected += np.asarray(_log_marginal(fam_d, st))
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
-    # and the 1-D marginal of one cluster against MATH.md's closed form
+    # and the 1-D marginal of one cluster against docs/mathematics.md's closed form
     sel = np.asarray(labels) == 0
     xs = X[sel, 1]
     n, k0, a0 = xs.size, 0.4, 1.7
@@ -156,7 +156,7 @@ def test_normal_gamma_predictive_is_student_t():
 
 
 def _nw_predictive_params(X_seen, m0, r, nu, psi):
-    """MATH.md §2 predictive (multivariate t) after the points ``X_seen``."""
+    """docs/mathematics.md §2 predictive (multivariate t) after the points ``X_seen``."""
     d = psi.shape[0]
     n = X_seen.shape[0]
     sx = X_seen.sum(axis=0)

@@ -1,4 +1,4 @@
-"""IBHC host trees (MATH.md §4): potentials against direct computation, BHC/IBHC on
+"""IBHC host trees (docs/mathematics.md §4): potentials against direct computation, BHC/IBHC on
 separated groups, SampleSub/StocInsert probabilities by enumeration, tree edits, errors."""
 
 from __future__ import annotations

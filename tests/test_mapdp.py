@@ -1,4 +1,4 @@
-"""MAP-DP against a plain NumPy implementation of MATH.md §3 written here, and its guarantees."""
+"""MAP-DP against a plain NumPy implementation of docs/mathematics.md §3 written here, and its guarantees."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _ng_log_marginal(n, sx, sxx, m0, k0, a0, b0):
 
 
 def _ng_log_predictive(x, n, sx, sxx, m0, k0, a0, b0):
-    """Student-t, 2a_n dof, location m_n, squared scale b_n (k_n+1)/(a_n k_n) (MATH.md §2)."""
+    """Student-t, 2a_n dof, location m_n, squared scale b_n (k_n+1)/(a_n k_n) (docs/mathematics.md §2)."""
     kn, mn, an, bn = _ng_posterior(n, sx, sxx, m0, k0, a0, b0)
     nu = 2 * an
     s2 = bn * (kn + 1) / (an * kn)

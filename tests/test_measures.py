@@ -1,8 +1,8 @@
-"""Partition priors (MATH.md §1): EPPFs, the NGGP joint in u, Gibbs weights, urn samplers.
+"""Partition priors (docs/mathematics.md §1): EPPFs, the NGGP joint in u, Gibbs weights, urn samplers.
 
 Every reference value here is computed independently of the library: set
 partitions are enumerated, the NGGP integral over ``u`` is done by
-``scipy.integrate.quad`` on a NumPy integrand written from MATH.md, and the DP
+``scipy.integrate.quad`` on a NumPy integrand written from docs/mathematics.md, and the DP
 closed form is written in NumPy/SciPy.
 """
 
@@ -69,7 +69,7 @@ def _pad(counts, length=8):
 
 
 def _nggp_log_joint_np(counts, log_u, alpha, sigma, tau):
-    """``log p(Π, u)`` of MATH.md §1 written in NumPy, as a function of ``t = log u``.
+    """``log p(Π, u)`` of docs/mathematics.md §1 written in NumPy, as a function of ``t = log u``.
 
     Works on arrays of ``log_u`` and never forms ``u`` itself (so large ``t``
     cannot overflow): ``log(u + τ) = logaddexp(t, log τ)``.
@@ -213,7 +213,7 @@ def test_nggp_joint_density_matches_formula(alpha, sigma, tau):
             c = np.asarray(counts, dtype=float)
             c = c[c > 0]
             n = c.sum()
-            # the MATH.md formula in u directly (not via the helper in t)
+            # the docs/mathematics.md formula in u directly (not via the helper in t)
             expected = (
                 (n - 1) * np.log(u)
                 - gammaln(n)
@@ -262,7 +262,7 @@ def test_host_log_kappa_equals_log_kappa(measure):
 
 
 def test_dp_nrm_form_integrates_to_dp_eppf():
-    """MATH.md §1: with κ(m,u) = α Γ(m) (u+1)^(−m), ψ(u) = α log(1+u), p(Π,u) integrates to the DP EPPF."""
+    """docs/mathematics.md §1: with κ(m,u) = α Γ(m) (u+1)^(−m), ψ(u) = α log(1+u), p(Π,u) integrates to the DP EPPF."""
     alpha = 1.7
     measure = bnp.DP(alpha)
 

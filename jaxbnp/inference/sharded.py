@@ -1,7 +1,7 @@
 """Data-parallel MAP-DP and collapsed Gibbs over a device mesh (``jax.shard_map`` + ``lax.psum``).
 
 The points are sharded over a one-axis device mesh; every device holds the
-cluster ``counts`` and additive statistics of *all* points (MATH.md §2:
+cluster ``counts`` and additive statistics of *all* points (docs/mathematics.md §2:
 statistics add), and the per-shard changes are combined with ``lax.psum``.
 JAX is the distributed engine: the same program runs on host devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8``), on GPUs, and across

@@ -10,12 +10,12 @@ __all__ = [
     "DP", "NGGP", "Measure", "PitmanYor",
 ]
 
-# Dirichlet diffusion trees (MATH.md §5)
+# Dirichlet diffusion trees (docs/mathematics.md §5)
 from .ddt import BrownianLeaves, DiffusionTree, Tree, cut_tree, to_linkage  # noqa: E402
 
 __all__ += ["BrownianLeaves", "DiffusionTree", "Tree", "cut_tree", "to_linkage"]
 
-# BHMC's nested CRP + multilevel HDP mixture (MATH.md §6)
+# BHMC's nested CRP + multilevel HDP mixture (docs/mathematics.md §6)
 from .nested import NestedCRP, NestedHDP, nested_hdp_model, path_log_prior  # noqa: E402
 
 __all__ += ["NestedCRP", "NestedHDP", "nested_hdp_model", "path_log_prior"]

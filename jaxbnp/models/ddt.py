@@ -1,6 +1,6 @@
 """Dirichlet diffusion trees (Neal 2001, 2003): tree arrays, structure prior, Brownian data term.
 
-MATH.md §5. Divergence function ``a(t) = c/(1−t)``, ``A(t) = −c log(1−t)``.
+docs/mathematics.md §5. Divergence function ``a(t) = c/(1−t)``, ``A(t) = −c log(1−t)``.
 
 A tree on ``n`` leaves is a :class:`Tree` of three fixed-size arrays, so a
 batch of trees (one per chain) is a pytree that ``jax.vmap`` maps over:
@@ -12,7 +12,7 @@ batch of trees (one per chain) is a pytree that ``jax.vmap`` maps over:
 * ``time``     ``(2n−1,)`` float: divergence times of internal nodes, in
   ``(0, 1)`` and increasing from the root down; ``1`` at the leaves.
 
-Structure term (MATH.md §5; ``m_v`` leaves below ``v``, ``l_v``, ``r_v`` in its
+Structure term (docs/mathematics.md §5; ``m_v`` leaves below ``v``, ``l_v``, ``r_v`` in its
 children, ``t_p(root) = 0``, ``H_k = Σ_{j≤k} 1/j``)::
 
     log p(tree | c) = Σ_v [ log a(t_v) + lgamma(l_v) + lgamma(r_v) − lgamma(m_v)
@@ -78,7 +78,7 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 
 class Tree(NamedTuple):
-    """A binary tree on ``n`` leaves as fixed-size arrays (module docstring, MATH.md §5).
+    """A binary tree on ``n`` leaves as fixed-size arrays (module docstring, docs/mathematics.md §5).
 
     parent: ``(2n−1,)`` int32, ``−1`` at the root.
     children: ``(n−1, 2)`` int32, children of internal node ``n+k`` in row ``k``.
@@ -164,12 +164,12 @@ def check_tree(tree: Any, num_points: int | None = None, name: str = "tree") -> 
 
 
 def log_divergence(t: jax.Array, c: jax.Array) -> jax.Array:
-    """``log a(t) = log c − log(1−t)`` (MATH.md §5)."""
+    """``log a(t) = log c − log(1−t)`` (docs/mathematics.md §5)."""
     return jnp.log(c) - jnp.log1p(-t)
 
 
 def cumulative_divergence(t: jax.Array, c: jax.Array) -> jax.Array:
-    """``A(t) = −c log(1−t)`` (MATH.md §5)."""
+    """``A(t) = −c log(1−t)`` (docs/mathematics.md §5)."""
     return -c * jnp.log1p(-t)
 
 
@@ -232,7 +232,7 @@ def _parent_times(tree: Tree) -> jax.Array:
 # ------------------------------------------------------------------------- structure term
 @jax.jit
 def structure_log_prior(tree: Tree, c: jax.Array, sizes: jax.Array | None = None) -> jax.Array:
-    """Structure term ``log p(tree | c)`` of MATH.md §5 (``−inf`` off the support).
+    """Structure term ``log p(tree | c)`` of docs/mathematics.md §5 (``−inf`` off the support).
 
     ``sizes`` (from :func:`subtree_sizes`) may be passed when already known.
     """
@@ -304,7 +304,7 @@ def log_likelihood(
 ) -> jax.Array:
     """Data term ``log N(X_{:,d}; 0, σ² C + s² I)`` summed over columns, by message passing.
 
-    MATH.md §5. ``X``: ``(n, D)``; ``sigma``: Brownian scale ``σ``; ``noise``:
+    docs/mathematics.md §5. ``X``: ``(n, D)``; ``sigma``: Brownian scale ``σ``; ``noise``:
     observation noise standard deviation ``s``. O(n D), ``n−1`` sequential steps.
     ``root``/``active`` (``(n−1,)`` bool over internal nodes) evaluate a
     partial tree whose detached nodes are skipped (used by the population
@@ -322,7 +322,7 @@ def log_likelihood(
 
 @jax.jit
 def log_joint_terms(tree: Tree, X: jax.Array, c, sigma, noise=0.0) -> tuple[jax.Array, jax.Array]:
-    """``(structure term, data term)`` with one ordering and one upward pass (MATH.md §5)."""
+    """``(structure term, data term)`` with one ordering and one upward pass (docs/mathematics.md §5)."""
     lp, ll, _ = _evaluate(tree, jnp.asarray(X), c, sigma, noise)
     return lp, ll
 
@@ -354,7 +354,7 @@ def sample_attachment(
 ) -> tuple[jax.Array, jax.Array]:
     """Where a new path diverges from ``tree`` under the DDT prior: ``(u, t)``.
 
-    MATH.md §5: the path follows a segment traversed by ``m`` paths and
+    docs/mathematics.md §5: the path follows a segment traversed by ``m`` paths and
     diverges with hazard ``a(t)/m`` (``1 − t = (1 − s) exp(−m E / c)``,
     ``E ~ Exp(1)``); at a branch point it takes a branch with probability
     (paths down it)/``m``. The new divergence node sits on the edge above ``u``
@@ -416,7 +416,7 @@ def log_attachment_density(
     ``log a(t) − log m_root − (A(t) − A(t_p(u)))/m_u − Σ_{v ancestor of u} (A(t_v) − A(t_p(v)))/m_v``
     (the branch probabilities telescope to ``m_u/m_root``). ``−inf`` when
     ``t`` is not on the edge. For a single leaf this equals the change of the
-    structure term when the leaf is added (MATH.md §5), which the tests check.
+    structure term when the leaf is added (docs/mathematics.md §5), which the tests check.
     ``ancestors``: the mask of ``u``'s ancestors, when already known.
     """
     dtype = tree.time.dtype
@@ -471,7 +471,7 @@ def _detach(tree: Tree, root, s) -> tuple[Tree, jax.Array, jax.Array, jax.Array]
 
 @partial(jax.jit, static_argnames=("num_points", "dtype"))
 def sample_tree(key: jax.Array, c: Any, num_points: int, dtype=None) -> Tree:
-    """A draw from the DDT prior by the generative process (MATH.md §5).
+    """A draw from the DDT prior by the generative process (docs/mathematics.md §5).
 
     Leaf ``i`` (``i = 1..n−1``) follows the paths of leaves ``0..i−1`` and
     diverges as in :func:`sample_attachment`; its divergence node is ``n+i−1``.
@@ -533,7 +533,7 @@ def sample_leaves(
 
 # -------------------------------------------------------------------------------- outputs
 def cut_tree(tree: Tree, t_stop: Any = None, *, num_clusters: int | None = None) -> jax.Array:
-    """Cluster labels from cutting the tree at time ``t_stop`` (MATH.md §5, "Clusters").
+    """Cluster labels from cutting the tree at time ``t_stop`` (docs/mathematics.md §5, "Clusters").
 
     Each subtree hanging below ``t_stop`` (its top node's parent diverged
     before ``t_stop``) is one cluster. Alternatively ``num_clusters=K`` cuts
@@ -643,7 +643,7 @@ def _sample_trees(keys, c, num_points):
 
 
 class DiffusionTree(dist.Distribution):
-    """Dirichlet diffusion tree prior over binary trees on ``num_points`` leaves (MATH.md §5).
+    """Dirichlet diffusion tree prior over binary trees on ``num_points`` leaves (docs/mathematics.md §5).
 
     :param c: divergence parameter of ``a(t) = c/(1−t)`` (``c > 0``; small
         ``c`` diverges late, giving tight clusters).
@@ -695,7 +695,7 @@ class DiffusionTree(dist.Distribution):
 
 
 class BrownianLeaves(dist.Distribution):
-    """Data at the leaves of a diffusion tree (MATH.md §5): each column ``N(0, σ² C + s² I)``.
+    """Data at the leaves of a diffusion tree (docs/mathematics.md §5): each column ``N(0, σ² C + s² I)``.
 
     :param tree: the :class:`Tree` (the ``DiffusionTree`` site's value).
     :param sigma: Brownian scale ``σ > 0`` (variance ``σ²`` per unit time).

@@ -1,4 +1,4 @@
-"""NumPyro distributions for BNP mixtures (MATH.md §1-2).
+"""NumPyro distributions for BNP mixtures (docs/mathematics.md §1-2).
 
 * ``Partition(measure, num_points, u=None)``: a random partition of
   ``num_points`` items, as an integer label vector. ``log_prob`` is the
@@ -81,7 +81,7 @@ def _check_labels_value(value: Any, num_points: int, owner: str, name: str = "la
 
 
 class Partition(dist.Distribution):
-    """Random partition of ``num_points`` items from a random measure (MATH.md §1).
+    """Random partition of ``num_points`` items from a random measure (docs/mathematics.md §1).
 
     :param measure: ``DP``, ``PitmanYor`` or ``NGGP``.
     :param num_points: number of items ``n``.
@@ -163,7 +163,7 @@ def _family_dim(family: Family) -> int | None:
 
 
 class ConjugateMixture(dist.Distribution):
-    """Observations given a partition, cluster parameters integrated out (MATH.md §2).
+    """Observations given a partition, cluster parameters integrated out (docs/mathematics.md §2).
 
     :param family: a conjugate family (``NormalGamma``, ``NormalWishart``,
         ``DirichletMultinomial``, ``BetaBernoulli``).
@@ -259,7 +259,7 @@ class AuxiliaryU(dist.ImproperUniform):
 
     Declare it as ``u = numpyro.sample("u", bnp.AuxiliaryU())`` and pass it to
     ``bnp.Partition(bnp.NGGP(...), n, u=u)``: the partition's ``log_prob`` is
-    the joint ``log p(Π, u)`` of MATH.md §1, so the model's density in
+    the joint ``log p(Π, u)`` of docs/mathematics.md §1, so the model's density in
     ``(Π, u)`` is exact. ``CollapsedGibbs`` updates ``u`` by slice sampling.
     """
 
@@ -274,7 +274,7 @@ class AuxiliaryU(dist.ImproperUniform):
 
 
 def log_joint(X, labels, measure: Measure, family: Family, u=None) -> jax.Array:
-    """``log p(X, Π[, u]) = Σ_c log P(X_c) + log p(Π[, u])`` (MATH.md §2, "log joint")."""
+    """``log p(X, Π[, u]) = Σ_c log P(X_c) + log p(Π[, u])`` (docs/mathematics.md §2, "log joint")."""
     X = jnp.asarray(X)
     labels = jnp.asarray(labels)
     return ConjugateMixture(family, labels).log_prob(X) + Partition(

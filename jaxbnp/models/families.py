@@ -1,4 +1,4 @@
-"""Conjugate families with collapsed marginal likelihoods (MATH.md §2).
+"""Conjugate families with collapsed marginal likelihoods (docs/mathematics.md §2).
 
 A family turns data into additive sufficient statistics (one pytree per
 point, summed per cluster), and gives
@@ -125,7 +125,7 @@ def _from_data_array(owner: str, X: Any, min_rows: int = 1) -> np.ndarray:
 
 
 class Family(ParameterPytree):
-    """Protocol shared by the conjugate families (MATH.md §2)."""
+    """Protocol shared by the conjugate families (docs/mathematics.md §2)."""
 
     #: name of the data kind, used in error messages
     data_kind: str = "real"
@@ -209,7 +209,7 @@ class NormalGammaStats(NamedTuple):
 
 
 class NormalGamma(Family):
-    """Diagonal Gaussian with a Normal-Gamma prior per dimension (MATH.md §2).
+    """Diagonal Gaussian with a Normal-Gamma prior per dimension (docs/mathematics.md §2).
 
     ``μ_d | λ_d ~ N(m0_d, 1/(k0 λ_d))``, ``λ_d ~ Gamma(a0, rate=b0_d)``.
     ``m0`` and ``b0`` may be scalars or length-``D`` vectors; ``k0`` and ``a0``
@@ -321,7 +321,7 @@ class NormalWishartParams(NamedTuple):
 
 
 class NormalWishart(Family):
-    """Full-covariance Gaussian with a Normal-Wishart prior (MATH.md §2).
+    """Full-covariance Gaussian with a Normal-Wishart prior (docs/mathematics.md §2).
 
     ``μ | Λ ~ N(m0, (r Λ)^−1)``, ``Λ ~ Wishart(ν, Ψ^−1)``; ``psi`` is the
     inverse scale ``Ψ`` (symmetric positive definite, ``D × D``), ``nu > D − 1``.
@@ -367,7 +367,7 @@ class NormalWishart(Family):
 
     @classmethod
     def from_data(cls, X: Any, r: float = 0.1, extra_dof: float = 6.0, det_psi: float = 0.1):
-        """The tgMCMC paper's settings (MATH.md §2).
+        """The tgMCMC paper's settings (docs/mathematics.md §2).
 
         ``r = 0.1``, ``ν = D + 6``, ``m0`` = sample mean and
         ``Ψ = S / (det(S)/0.1)^(1/D)`` with ``S`` the sample covariance, so
@@ -539,7 +539,7 @@ class CountStats(NamedTuple):
 
 
 class DirichletMultinomial(Family):
-    """Bags of words with a ``Dir(beta)`` prior on each cluster's word distribution (MATH.md §2).
+    """Bags of words with a ``Dir(beta)`` prior on each cluster's word distribution (docs/mathematics.md §2).
 
     ``beta`` is a scalar (symmetric) or a length-``V`` vector. Data are
     non-negative integer count vectors. The multinomial coefficient is
@@ -614,7 +614,7 @@ class BinaryStats(NamedTuple):
 
 
 class BetaBernoulli(Family):
-    """Binary features, each with a ``Beta(a, b)`` prior on its probability (MATH.md §2)."""
+    """Binary features, each with a ``Beta(a, b)`` prior on its probability (docs/mathematics.md §2)."""
 
     _fields = ("a", "b")
     data_kind = "binary"

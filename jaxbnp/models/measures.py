@@ -1,4 +1,4 @@
-"""Random measures that induce partition priors (MATH.md §1).
+"""Random measures that induce partition priors (docs/mathematics.md §1).
 
 Each measure gives the log EPPF of a partition described by its vector of
 cluster sizes (``counts``; zeros mark empty slots and are ignored), the
@@ -7,7 +7,7 @@ collapsed-Gibbs weights, and an exact prior sampler (the CRP / NRM urn).
 * ``DP(alpha)``: Dirichlet process.
 * ``PitmanYor(alpha, d)``: Pitman-Yor process.
 * ``NGGP(alpha, sigma, tau=1.0)``: normalised generalised gamma process, with
-  the auxiliary variable ``u`` of MATH.md §1 (``log p(Π, u)`` is a density in
+  the auxiliary variable ``u`` of docs/mathematics.md §1 (``log p(Π, u)`` is a density in
   ``u``; with ``u=None`` the EPPF integrates ``u`` out numerically).
 
 All parameters are pytree leaves, so a measure can carry traced values (for
@@ -88,7 +88,7 @@ class Measure(ParameterPytree):
         """Unnormalised log weights of joining each slot and of opening a new cluster.
 
         ``counts`` are the slot sizes with the point being moved removed. Empty
-        slots get ``-inf``. MATH.md §1, "Collapsed Gibbs weights".
+        slots get ``-inf``. docs/mathematics.md §1, "Collapsed Gibbs weights".
         """
         raise NotImplementedError
 
@@ -121,7 +121,7 @@ class Measure(ParameterPytree):
 
 
 class DP(Measure):
-    """Dirichlet process ``DP(alpha)``, ``alpha > 0`` (MATH.md §1).
+    """Dirichlet process ``DP(alpha)``, ``alpha > 0`` (docs/mathematics.md §1).
 
     ``log p(Π) = K log α + lgamma(α) − lgamma(α+n) + Σ_c lgamma(|c|)``.
     In its NRM form (for tgMCMC) ``κ(m, u) = α Γ(m) (u+1)^(−m)`` and
@@ -169,7 +169,7 @@ class DP(Measure):
 
 
 class PitmanYor(Measure):
-    """Pitman-Yor process ``PitmanYor(alpha, d)``, ``0 <= d < 1``, ``alpha > -d`` (MATH.md §1)."""
+    """Pitman-Yor process ``PitmanYor(alpha, d)``, ``0 <= d < 1``, ``alpha > -d`` (docs/mathematics.md §1)."""
 
     _fields = ("alpha", "d")
 
@@ -204,7 +204,7 @@ class PitmanYor(Measure):
 
 
 class NGGP(Measure):
-    """Normalised generalised gamma process ``NGGP(alpha, sigma, tau=1.0)`` (MATH.md §1).
+    """Normalised generalised gamma process ``NGGP(alpha, sigma, tau=1.0)`` (docs/mathematics.md §1).
 
     ``alpha > 0``, ``0 < sigma < 1``, ``tau > 0``. Lévy intensity
     ``α σ / Γ(1−σ) w^(−1−σ) e^(−τ w)``; ``ψ(u) = α((u+τ)^σ − τ^σ)``;
@@ -277,7 +277,7 @@ class NGGP(Measure):
         return self.alpha * (jnp.exp(self.sigma * log_ut) - self.tau**self.sigma)
 
     def log_u_conditional(self, log_u, counts):
-        """``log p(log u | Π)`` up to a constant (MATH.md §1), as a function of ``t = log u``."""
+        """``log p(log u | Π)`` up to a constant (docs/mathematics.md §1), as a function of ``t = log u``."""
         counts = _float_counts(counts)
         n = jnp.sum(counts)
         k = self.num_clusters(counts)
@@ -352,7 +352,7 @@ class NGGP(Measure):
 
     def _urn_log_weights(self, counts, num_clusters, num_seated):
         # NRM urn with u integrated out: join c ∝ (n_c − σ) V(m+1, K),
-        # new ∝ V(m+1, K+1) (MATH.md §1, Gibbs-type predictive rule).
+        # new ∝ V(m+1, K+1) (docs/mathematics.md §1, Gibbs-type predictive rule).
         m = num_seated
         k = num_clusters
         log_v_mk = self.log_v(m + 1, k)

@@ -1,6 +1,6 @@
 """BHMC (Huang et al.): a nested CRP over root-to-leaf paths and a multilevel HDP mixture.
 
-MATH.md §6. Depth ``L``; each point picks a root-to-leaf path by a nested
+docs/mathematics.md §6. Depth ``L``; each point picks a root-to-leaf path by a nested
 CRP(``α``); node ``z`` carries mixing weights ``β_z`` over a global list of
 components (plus the rest mass ``β*_z``): the root ``β_0 ~ GEM(γ0)``, a child
 ``β_z' ~ DP(γ, β_z)``; a point draws its component ``c_n`` from the weights of
@@ -105,7 +105,7 @@ def _check_positive(value: Any, name: str) -> float:
 
 @dataclass(frozen=True)
 class NestedHDP:
-    """Hyperparameters of BHMC (MATH.md §6), validated on construction (host side).
+    """Hyperparameters of BHMC (docs/mathematics.md §6), validated on construction (host side).
 
     depth: ``L >= 1`` levels below the root. alpha: nCRP concentration ``α``.
     gamma0: root concentration ``γ0`` (``β_0 ~ GEM(γ0)``). gamma: child
@@ -168,7 +168,7 @@ def tree_from_paths(paths: jax.Array, node_capacity: int):
 
 
 def _path_log_prior_table(parent, depth, count, alpha, depth_l: int):
-    """MATH.md §6 path prior from a node table (``count > 0`` marks the nodes of the tree)."""
+    """docs/mathematics.md §6 path prior from a node table (``count > 0`` marks the nodes of the tree)."""
     alpha = jnp.asarray(alpha, jnp.result_type(float))
     active = count > 0
     nonroot = active & (parent >= 0)
@@ -181,7 +181,7 @@ def _path_log_prior_table(parent, depth, count, alpha, depth_l: int):
 
 
 def path_log_prior(paths: Any, alpha: Any, node_capacity: int | None = None) -> jax.Array:
-    """``log p(V | α)`` of MATH.md §6 for paths ``(N, L)`` (node ids, root ``0`` implicit).
+    """``log p(V | α)`` of docs/mathematics.md §6 for paths ``(N, L)`` (node ids, root ``0`` implicit).
 
     >>> import numpy as np
     >>> float(np.exp(path_log_prior(np.array([[1, 2]]), 1.0)))  # one point: one path for sure
@@ -248,7 +248,7 @@ def sample_ncrp(key: jax.Array, alpha: Any, num_points: int, depth: int, node_ca
 
 
 class NestedCRP(dist.Distribution):
-    """The nested CRP(``α``) over ``N`` root-to-leaf paths of depth ``L`` (MATH.md §6).
+    """The nested CRP(``α``) over ``N`` root-to-leaf paths of depth ``L`` (docs/mathematics.md §6).
 
     Values are ``(N, L)`` int32 node ids (root ``0`` implicit); ``log_prob`` is
     :func:`path_log_prior` (invariant to renaming the nodes).
@@ -300,7 +300,7 @@ def nested_hdp_model(
     node_capacity: int | None = None,
     truncation: float = 1e-3,
 ):
-    """BHMC's Algorithm 1 as a NumPyro program (MATH.md §6, finite truncation of paper §4.1).
+    """BHMC's Algorithm 1 as a NumPyro program (docs/mathematics.md §6, finite truncation of paper §4.1).
 
     Sites: ``paths`` (:class:`NestedCRP`, ``(N, L)``), ``sticks`` (``K`` draws of
     ``Beta(1, γ0)``), ``log_beta`` (a deterministic ``(node_capacity, K + 1)``

@@ -1,6 +1,6 @@
-"""BHMC: exact checks of the path prior and a Geweke test of the sampler (MATH.md §6).
+"""BHMC: exact checks of the path prior and a Geweke test of the sampler (docs/mathematics.md §6).
 
-1. The path prior ``log p(V)`` of MATH.md §6 equals the sequential nCRP
+1. The path prior ``log p(V)`` of docs/mathematics.md §6 equals the sequential nCRP
    probability of every path configuration of 4 points at depth 2 (all
    configurations enumerated by seating the points one after the other) and
    sums to one; perturbed formulas (``lgamma(N_z' + 1)`` on the edges, or

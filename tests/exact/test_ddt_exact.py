@@ -1,4 +1,4 @@
-"""Dirichlet diffusion trees: exact checks of the prior, the samplers and the posterior (MATH.md §5).
+"""Dirichlet diffusion trees: exact checks of the prior, the samplers and the posterior (docs/mathematics.md §5).
 
 1. The structure term integrates to one over trees of 3 and 4 leaves: a sum
    over the 3 / 15 leaf-labelled topologies of a Gauss-Legendre quadrature

@@ -1,4 +1,4 @@
-"""CollapsedGibbs against the exact posterior over all set partitions (MATH.md §1-2).
+"""CollapsedGibbs against the exact posterior over all set partitions (docs/mathematics.md §1-2).
 
 Each test enumerates every partition of 6 or 7 points, computes
 ``p(Π | X) ∝ p(Π[, u]) Π_c P(X_c)`` exactly (NGGP: ``u`` integrated out by
@@ -295,7 +295,7 @@ def test_nggp_alpha_and_sigma_updates_match_enumeration():
         numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
 
     # alpha and u are strongly coupled under the reference implementation's conditional
-    # updates (MATH.md §1), so alpha mixes slowly: long chains and a long warm-up
+    # updates (docs/mathematics.md §1), so alpha mixes slowly: long chains and a long warm-up
     s = _run(model, X, num_samples=NGGP_HYPER_SAMPLES, num_warmup=3000, update_hyperparameters=True)
     assert total_variation(s["z"], parts, part_probs) < TV_TOLERANCE
     # sigma and alpha marginals in 5 equal-mass bins each

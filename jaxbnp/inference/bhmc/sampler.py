@@ -1,6 +1,6 @@
 """BHMC sampler (Huang et al., Algorithm 2): MH on paths, Gibbs on components, β and θ updates.
 
-MATH.md §6, model in :mod:`jaxbnp.models.nested`. One :func:`sweep` visits the
+docs/mathematics.md §6, model in :mod:`jaxbnp.models.nested`. One :func:`sweep` visits the
 points in a random order (paper: ``Shuffled(X)``) and for point ``n``
 
 1. cleans up ``c_n`` and ``v_n``: removes ``n`` from its component (a
@@ -15,7 +15,7 @@ points in a random order (paper: ``Shuffled(X)``) and for point ``n``
 
    with ``c_n`` summed out, ``p(x | β, θ) = Σ_k β_k f(x; θ_k) + β* f*(x)``
    (eq. 1), ``f = N(θ_k, Σ)``, ``f* = N(μ0, Σ0 + Σ)``; ``p(V')/p(V)`` is the
-   path prior of MATH.md §6 (by exchangeability it equals the nCRP ratio, so
+   path prior of docs/mathematics.md §6 (by exchangeability it equals the nCRP ratio, so
    the prior and proposal terms cancel and ``A`` is the likelihood ratio);
 3. draws ``c_n`` by eq. 2: ``∝ β_zk f(x_n; θ_k)`` for an existing component,
    ``∝ β*_z f*(x_n)`` for a new one; a new component takes a free slot, its
@@ -29,7 +29,7 @@ component ``k`` below ``z'``), the means by eq. 5 and, optionally, a random-walk
 MH on ``log α``, ``log γ0`` and ``log γ`` under the paper's hyperpriors
 (``α ~ Ga(3, 1)``, ``γ0 ~ Ga(3.5, 1)``, ``γ ~ Unif(0, 1.5)``).
 
-Deviations and exactness (say so, MATH.md §0):
+Deviations and exactness (say so, docs/mathematics.md §0):
 
 * The new-component split adds ``+1`` to the first Beta parameter at the
   nodes on the point's own path. Paper §4.1 uses ``Beta(γβ_z,new, γβ*_z)``
@@ -40,7 +40,7 @@ Deviations and exactness (say so, MATH.md §0):
   ``paper_split=True`` for the paper's rule.
 * Steps 1–3 and eq. 5 are exact conditionals (checked by the Geweke test in
   ``tests/exact/test_bhmc_exact.py``). Eqs. 3–4, as in the paper and
-  MATH.md, are not the exact conditionals of ``β`` once two points share a
+  docs/mathematics.md, are not the exact conditionals of ``β`` once two points share a
   non-root node (that would need the HDP's table counts; the paper uses point
   counts); they are kept as the contract and can be switched off
   (``update_beta=False``), e.g. for the Geweke test.
@@ -318,7 +318,7 @@ def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConf
     prop = jnp.concatenate([jnp.zeros(1, jnp.int32), children])
     lik_new = lik(leaf_lb)
     q_back = _ncrp_log_prob(old, count_minus, alpha)
-    # p(V') / p(V) = nCRP(v'|V∖v_n) / nCRP(v|V∖v_n) (exchangeability; MATH.md §6 prior)
+    # p(V') / p(V) = nCRP(v'|V∖v_n) / nCRP(v|V∖v_n) (exchangeability; docs/mathematics.md §6 prior)
     prior_new, prior_old = _ncrp_log_prob(prop, count_minus, alpha), q_back
     log_a = _log_acceptance(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back)
     accept = (log_u_acc < log_a) & ~node_overflow
@@ -659,7 +659,7 @@ def fit_bhmc(
     compiler_options: dict | str | None = "auto",
     heartbeat: Any = None,
 ) -> BHMCFit:
-    """Fit BHMC to ``X`` with ``num_chains`` vmapped chains of Algorithm 2 (MATH.md §6).
+    """Fit BHMC to ``X`` with ``num_chains`` vmapped chains of Algorithm 2 (docs/mathematics.md §6).
 
     Defaults from the data: ``mu0`` the mean of ``X``, ``Sigma0`` the diagonal
     of its variances, ``Sigma = Sigma0 / 20``. ``node_capacity`` defaults to

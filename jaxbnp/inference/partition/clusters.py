@@ -1,4 +1,4 @@
-"""Fixed-capacity cluster state shared by every sampler (ARCHITECTURE.md).
+"""Fixed-capacity cluster state shared by every sampler (docs/design.md).
 
 Clusters live in ``capacity`` slots: per-slot ``counts`` and additive
 sufficient ``stats`` (a pytree whose leaves have leading axis ``capacity``);
@@ -108,7 +108,7 @@ def clusters_from_labels(family, X, labels, capacity: int, overflow=False) -> Cl
 
 
 def cluster_log_joint(clusters: ClusterState, measure, family, u=None) -> jax.Array:
-    """``log p(X, Π[, u]) = Σ_c log P(X_c) + log p(Π[, u])`` from the state (MATH.md §2).
+    """``log p(X, Π[, u]) = Σ_c log P(X_c) + log p(Π[, u])`` from the state (docs/mathematics.md §2).
 
     ``u`` is used only by measures that carry it (NGGP).
     """

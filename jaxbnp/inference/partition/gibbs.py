@@ -3,15 +3,15 @@
 A sweep visits every point once in index order: the point leaves its
 cluster, then joins an existing cluster ``c`` with weight
 ``w_c · p(x_i | X_c)`` or a new one with weight ``w_new · p(x_i)``, where the
-measure gives the weights ``w`` (MATH.md §1) and the family the predictive
-(MATH.md §2). Everything is in log space and runs inside one ``fori_loop``.
+measure gives the weights ``w`` (docs/mathematics.md §1) and the family the predictive
+(docs/mathematics.md §2). Everything is in log space and runs inside one ``fori_loop``.
 
 Kernel pattern (BlackJAX style): ``init(...) -> GibbsState`` and
 ``step(key, state, X, measure, family) -> GibbsState``; many chains are a
 ``jax.vmap`` over both.
 
 NGGP measures also carry ``u``, updated after each sweep by slice sampling
-on ``log u`` (MATH.md §1). Optional conjugate hyperparameter updates:
+on ``log u`` (docs/mathematics.md §1). Optional conjugate hyperparameter updates:
 ``escobar_west_alpha`` (DP), ``nggp_alpha_update`` and ``nggp_sigma_update``.
 """
 
@@ -122,7 +122,7 @@ def assignment_sweep(
     ``argmax_k(log w_k + log p(x_i | X_k) + noise[step, k])``.
 
     With Gumbel ``noise`` this is a collapsed Gibbs sweep; with ``noise=None`` it
-    is MAP-DP's iterated conditional modes step (MATH.md §3: the argmax of
+    is MAP-DP's iterated conditional modes step (docs/mathematics.md §3: the argmax of
     the conditional is the argmin of ``d_ik``). ``noise`` has shape
     ``(len(order), capacity + 1)``; its last column belongs to "a new cluster when no
     slot is free", which sets ``overflow``.
@@ -161,7 +161,7 @@ def assignment_sweep(
             touched = jnp.stack([pending, old])
             fresh = family.predictive_params(unpack_stats(stats[touched]))
             params = params.at[touched].set(pack_params(fresh))
-        # weights (MATH.md §1) times predictive (MATH.md §2)
+        # weights (docs/mathematics.md §1) times predictive (docs/mathematics.md §2)
         log_existing, log_new = measure.gibbs_log_weights(counts, u)
         log_pred = family.log_predictive_from_params(x, unpack_params(params))
         new_logit = log_new + prior_log_pred[i]
@@ -194,7 +194,7 @@ def assignment_sweep(
 
 
 def update_u(key: jax.Array, u: jax.Array, counts: jax.Array, measure: NGGP) -> jax.Array:
-    """Slice-sample ``log u`` from ``p(log u | Π)`` (MATH.md §1)."""
+    """Slice-sample ``log u`` from ``p(log u | Π)`` (docs/mathematics.md §1)."""
     log_u = slice_sample(key, lambda t: measure.log_u_conditional(t, counts), jnp.log(u))
     return jnp.exp(log_u)
 
@@ -235,7 +235,7 @@ def nggp_alpha_update(
     key: jax.Array, measure: NGGP, u: jax.Array, num_clusters: jax.Array,
     shape: float, rate: float,
 ) -> jax.Array:
-    """Conjugate NGGP ``alpha | Π, u, σ ~ Gamma(a + K, b + (u+τ)^σ − τ^σ)`` (MATH.md §1)."""
+    """Conjugate NGGP ``alpha | Π, u, σ ~ Gamma(a + K, b + (u+τ)^σ − τ^σ)`` (docs/mathematics.md §1)."""
     post_rate = rate + (u + measure.tau) ** measure.sigma - measure.tau**measure.sigma
     return jax.random.gamma(key, shape + num_clusters, dtype=u.dtype) / post_rate
 

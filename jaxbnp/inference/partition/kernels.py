@@ -58,7 +58,7 @@ class CollapsedGibbsState(NamedTuple):
     z: dict of the sites the kernel owns (labels in order of first appearance,
        ``u`` for NGGP, hyperparameters when ``update_hyperparameters=True``).
     clusters: the fixed-capacity ``ClusterState``.
-    log_joint: ``log p(X, Π[, u])`` after the step (MATH.md §2).
+    log_joint: ``log p(X, Π[, u])`` after the step (docs/mathematics.md §2).
     num_clusters: ``K`` after the step.
     rng_key: key for the next step.
     """
@@ -460,6 +460,11 @@ class CollapsedGibbs(DiscreteSiteKernel):
 
     def get_diagnostics_str(self, state):
         return f"K={int(np.max(np.asarray(state.num_clusters)))}"
+
+    def overflowed(self, state) -> bool:
+        """Whether a chain ran out of cluster slots (the flag ``host_overflow_check=False``
+        leaves in the state; :func:`jaxbnp.inference.runner.run` then grows the capacity)."""
+        return bool(np.any(np.asarray(state.clusters.overflow)))
 
 
 class MoveStatsState(NamedTuple):

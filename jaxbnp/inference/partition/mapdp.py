@@ -1,4 +1,4 @@
-"""MAP-DP (Raykov et al. 2014): iterated conditional modes on the collapsed model (MATH.md §3).
+"""MAP-DP (Raykov et al. 2014): iterated conditional modes on the collapsed model (docs/mathematics.md §3).
 
 Point ``i`` leaves its cluster and joins ``argmin_k d_ik`` with
 ``d_ik = −log p(x_i | X_k^{−i}) − log N_k^{−i}`` (new cluster:
@@ -128,7 +128,7 @@ class MAPDPResult(NamedTuple):
 
 
 def negative_log_joint(clusters: ClusterState, measure: Measure, family) -> jax.Array:
-    """``−log p(X, Π) = −Σ_c log P(X_c) − log p(Π)`` from cluster statistics (MATH.md §2-3)."""
+    """``−log p(X, Π) = −Σ_c log P(X_c) − log p(Π)`` from cluster statistics (docs/mathematics.md §2-3)."""
     return -cluster_log_joint(clusters, measure, family)
 
 
@@ -610,7 +610,7 @@ def predict_log_weights(
 ) -> tuple[jax.Array, jax.Array]:
     """Log weights of each new point joining each cluster (``(m, capacity)``) or a new one (``(m,)``).
 
-    ``log N_k + log p(x* | X_k)`` and ``log α + log p(x*)`` (MATH.md §3; Pitman-Yor:
+    ``log N_k + log p(x* | X_k)`` and ``log α + log p(x*)`` (docs/mathematics.md §3; Pitman-Yor:
     ``N_k − d`` and ``α + K d``). Empty slots get ``−inf``. Normalising over
     ``capacity + 1`` entries gives the mixture predictive's responsibilities,
     and ``logsumexp − log(N + α)`` its log density (DP).

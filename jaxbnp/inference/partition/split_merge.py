@@ -1,6 +1,6 @@
 """Jain & Neal (2004) restricted-Gibbs split-merge sampler for conjugate mixtures, pure core.
 
-One move (MATH.md §1-2, acceptance as in §4):
+One move (docs/mathematics.md §1-2, acceptance as in §4):
 
 1. pick two distinct points ``i`` and ``j`` uniformly; ``S`` is the set of
    the other points of their clusters;
@@ -111,7 +111,7 @@ def _restricted_scans(
     ``side[k]`` is True when point ``k`` is in A; ``stats`` ``(2, P)`` (packed,
     ``unpack`` undoes it) and ``counts`` ``(2,)`` are A's and B's statistics and
     sizes at the start. A point joins A with probability
-    ``∝ w(n_A) p(x | X_A)`` (MATH.md §1), using ``log_uniforms[scan, position]``;
+    ``∝ w(n_A) p(x | X_A)`` (docs/mathematics.md §1), using ``log_uniforms[scan, position]``;
     in the last scan, when ``force_last``, it goes to ``target[k]`` instead.
     Returns the new ``side`` and the log probability of the last scan's choices.
 
@@ -309,7 +309,7 @@ def split_merge_move(
     u: jax.Array | None = None,
     num_restricted_scans: int = 5,
 ) -> ClusterState:
-    """One Jain-Neal split-merge move (module docstring; MATH.md §1-2).
+    """One Jain-Neal split-merge move (module docstring; docs/mathematics.md §1-2).
 
     Leaves ``p(Π | X[, u])`` invariant. Shapes: ``X`` ``(n, D)``; ``clusters``
     with ``capacity`` slots. A split that would be accepted with no free slot

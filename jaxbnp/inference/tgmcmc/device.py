@@ -1,4 +1,4 @@
-"""tgMCMC's global moves compiled in JAX: IBHC trees as fixed-size arrays (MATH.md §4).
+"""tgMCMC's global moves compiled in JAX: IBHC trees as fixed-size arrays (docs/mathematics.md §4).
 
 The same exact chain as :class:`~jaxbnp.inference.tgmcmc.kernel.TreeGuidedHost`
 (its module docstring: canonical trees, the total probability of a split

@@ -1,4 +1,4 @@
-"""Incremental Bayesian hierarchical clustering (IBHC) for NRM mixtures (MATH.md §4).
+"""Incremental Bayesian hierarchical clustering (IBHC) for NRM mixtures (docs/mathematics.md §4).
 
 Host-side trees (NumPy, float64) for Lee & Choi's IBHC and the tree operations
 of tree-guided MCMC (tgMCMC, Lee & Choi 2015, section 3 and supplement A-B).
@@ -12,7 +12,7 @@ defines ``log_marginal`` is evaluated by a jitted, batched JAX call instead.
 builds the same trees without JAX (for callbacks that run while every device is
 busy, as under ``chain_method="parallel"``).
 
-Potentials (MATH.md §4), all in log space; every ``Node`` stores
+Potentials (docs/mathematics.md §4), all in log space; every ``Node`` stores
 
 * ``log_lik = log P(X_c)`` and ``log_h = log φ(X_c|h_c) = log κ(|c|, u) + log P(X_c)``,
 * ``log_t = log φ(X_c|t_c) = logaddexp(log_h, log_t(l) + log_t(r))`` (a leaf: ``log_h``),
@@ -179,7 +179,7 @@ def _sample_index(rng: np.random.Generator, log_p: np.ndarray) -> int:
 # ----------------------------------------------------------------------------- nodes
 @dataclass(eq=False, repr=False)
 class Node:
-    """One node of a binary tree over a cluster (MATH.md §4).
+    """One node of a binary tree over a cluster (docs/mathematics.md §4).
 
     Attributes
     ----------

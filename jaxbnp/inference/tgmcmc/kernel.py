@@ -1,4 +1,4 @@
-"""Tree-guided MCMC (tgMCMC, Lee & Choi 2015) for DP and NGGP mixtures (MATH.md §1, §2, §4).
+"""Tree-guided MCMC (tgMCMC, Lee & Choi 2015) for DP and NGGP mixtures (docs/mathematics.md §1, §2, §4).
 
 Each iteration runs ``num_global_moves`` global moves (tree-guided split and
 merge proposals, supplement B.1-B.5, accepted by Metropolis-Hastings), then

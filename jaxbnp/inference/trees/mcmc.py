@@ -1,6 +1,6 @@
 """Within-chain MCMC for Dirichlet diffusion trees (Neal 2003), pure core + NumPyro kernel.
 
-MATH.md §5. Target: ``p(tree | c) p(X | tree, σ, s) p(c) p(σ) p(s)`` with the
+docs/mathematics.md §5. Target: ``p(tree | c) p(X | tree, σ, s) p(c) p(σ) p(s)`` with the
 structure and data terms of :mod:`jaxbnp.models.ddt`. One :func:`step` is
 
 1. ``num_subtree_moves`` subtree moves (Neal's move): pick a non-root node
@@ -108,7 +108,7 @@ class Hyperpriors(NamedTuple):
 
 
 class DDTState(NamedTuple):
-    """One chain: the tree, the hyperparameters and the cached terms of MATH.md §5.
+    """One chain: the tree, the hyperparameters and the cached terms of docs/mathematics.md §5.
 
     log_prior: structure term ``log p(tree | c)``.
     log_likelihood: data term ``log p(X | tree, σ, s)``.

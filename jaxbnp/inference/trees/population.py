@@ -1,6 +1,6 @@
 """Population MCMC for Dirichlet diffusion trees (Wang, Laskey & Domeniconi), pure core + NumPyro kernel.
 
-MATH.md §5. ``K`` chains, each targeting ``π_k(T) ∝ p(T | c_k) p(X_k | T, σ_k, s_k)``
+docs/mathematics.md §5. ``K`` chains, each targeting ``π_k(T) ∝ p(T | c_k) p(X_k | T, σ_k, s_k)``
 (``X_k = X`` for a posterior; the core also accepts one data set per chain,
 which the Geweke test uses). One population step runs the within-chain sweep
 of :mod:`jaxbnp.inference.trees.mcmc` on every chain (``jax.vmap``), then the
@@ -9,7 +9,7 @@ or ``lax.map``). The paper picks one pair per step; a random perfect matching
 with independent exact moves on disjoint pairs is equally exact and uses the
 batch.
 
-Exchange move on chains ``(T1, T2)`` (seed paper, MATH.md §5):
+Exchange move on chains ``(T1, T2)`` (seed paper, docs/mathematics.md §5):
 
 1. Draw an ordered random subset ``S = (i_1, …, i_k)`` of ``k = subset_size``
    leaves, ``1 <= k <= n − 1``. The generation order puts the other leaves
@@ -36,7 +36,7 @@ Exchange move on chains ``(T1, T2)`` (seed paper, MATH.md §5):
    probability both ways, so the move is exact for any pair of targets.
 
 ``temperature = τ`` raises the ``Q`` ratio to ``1/τ`` (the paper's tempered
-variant, MATH.md §5). Only ``τ = 1`` leaves the posterior invariant; any
+variant, docs/mathematics.md §5). Only ``τ = 1`` leaves the posterior invariant; any
 other value gives an **approximate** sampler (a biased stationary law).
 
 Cost: each re-attachment scores all ``2n − 1`` candidate edges with two
@@ -254,7 +254,7 @@ def exchange(
     subset_size: int,
     temperature: Any = 1.0,
 ) -> tuple[DDTState, DDTState, ExchangeInfo]:
-    """The exchange move between two chains (module docstring, MATH.md §5).
+    """The exchange move between two chains (module docstring, docs/mathematics.md §5).
 
     ``X1``, ``X2``: the data of each chain's target (the same array for a
     posterior). ``subset_size`` (static): number of leaves exchanged.
@@ -411,7 +411,7 @@ class PopulationDDT(DiffusionTreeMCMC):
     :param subset_size: leaves exchanged per move, ``1 <= k <= n − 1``.
     :param temperature: ``τ > 0``; ``1`` (default) is exact, any other value
         tempers the proposal ratio (``Q`` ratio to the power ``1/τ``) and makes
-        the sampler **approximate** (MATH.md §5).
+        the sampler **approximate** (docs/mathematics.md §5).
 
     :param pair_batching: ``"vmap"`` or ``"map"`` for the exchange pairs (:func:`exchange_step`).
 
