@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["check_data", "check_labels"]
+__all__ = ["check_data", "check_labels", "check_int", "check_real"]
 
 
 def check_data(X: Any, name: str = "X", family=None) -> np.ndarray:
@@ -63,3 +65,27 @@ def check_labels(labels: Any, num_points: int, name: str = "labels") -> np.ndarr
     if arr.size and arr.min() < 0:
         raise ValueError(f"{name} must be non-negative cluster ids.")
     return arr.astype(np.int32)
+
+
+def check_int(name: str, value: Any, minimum: int = 0) -> int:
+    """``value`` as a Python ``int >= minimum``, else a ``ValueError`` naming ``name``
+    (``bool`` and non-integral numbers are refused)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    try:
+        out = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.") from None
+    if out < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {out!r}.")
+    return int(out)
+
+
+def check_real(name: str, value: Any, minimum: float) -> float:
+    """``value`` as a finite Python ``float >= minimum``, else a ``ValueError`` naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a real number >= {minimum}, got {value!r}.")
+    if not (math.isfinite(float(value)) and float(value) >= minimum):
+        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value}.")
+    return float(value)

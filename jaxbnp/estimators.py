@@ -32,7 +32,7 @@ import numpy as np
 from ._cache import auto_enable
 from ._progress import bar as _progress_bar
 from ._progress import resolve as _resolve_progress
-from ._validation import check_data
+from ._validation import check_data, check_int, check_real
 from .inference.partition import mapdp as mapdp_core
 from .errors import CapacityError, SingleClusterWarning
 from .inference.partition.clusters import ClusterState
@@ -154,12 +154,12 @@ class MAPDP:
     def _check_options(self):
         if not isinstance(self.mode, str) or self.mode not in ("sequential", "batched"):
             raise ValueError(f"mode must be 'sequential' or 'batched', got {self.mode!r}.")
-        _check_int("n_restarts", self.n_restarts, 1)
-        _check_int("max_iter", self.max_iter, 1)
-        _check_real("tol", self.tol, 0.0)
-        _check_int("block_size", self.block_size, 1)
+        check_int("n_restarts", self.n_restarts, 1)
+        check_int("max_iter", self.max_iter, 1)
+        check_real("tol", self.tol, 0.0)
+        check_int("block_size", self.block_size, 1)
         if self.capacity is not None:
-            _check_int("capacity", self.capacity, 1)
+            check_int("capacity", self.capacity, 1)
         if self.random_state is not None and (isinstance(self.random_state, bool)
                                               or not isinstance(self.random_state, (int, np.integer))):
             raise ValueError(f"random_state must be an integer seed or None, got {self.random_state!r}.")
@@ -168,7 +168,7 @@ class MAPDP:
                             f"got {self.family!r}.")
         if not isinstance(self.init, str) or self.init not in ("kmeans++", "one"):
             raise ValueError(f"init must be 'kmeans++' or 'one', got {self.init!r}.")
-        _check_int("init_clusters", self.init_clusters, 1)
+        check_int("init_clusters", self.init_clusters, 1)
         for name in ("split_moves", "merge_moves"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}.")
@@ -526,24 +526,8 @@ def _check_select_alpha(alphas: Any, method: Any, n_folds: Any) -> list:
             raise ValueError(f"every alpha must be > 0 and finite, got {a}.")
         out.append(float(a))
     if method == "heldout":
-        _check_int("n_folds", n_folds, 2)
+        check_int("n_folds", n_folds, 2)
     return out
-
-
-def _check_real(name: str, value: Any, minimum: float) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a real number >= {minimum}, got {value!r}.")
-    if not (math.isfinite(float(value)) and float(value) >= minimum):
-        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value}.")
-    return float(value)
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}.")
-    return int(value)
 
 
 class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
@@ -683,12 +667,12 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
                 "family must be a conjugate family (bnp.NormalWishart, bnp.NormalGamma, "
                 f"bnp.DirichletMultinomial, bnp.BetaBernoulli) or None, got {self.family!r}."
             )
-        _check_int("num_chains", self.num_chains, 1)
-        _check_int("num_warmup", self.num_warmup, 0)
-        _check_int("num_samples", self.num_samples, 1)
-        _check_int("thinning", self.thinning, 1)
+        check_int("num_chains", self.num_chains, 1)
+        check_int("num_warmup", self.num_warmup, 0)
+        check_int("num_samples", self.num_samples, 1)
+        check_int("thinning", self.thinning, 1)
         if self.capacity is not None:
-            _check_int("capacity", self.capacity, 1)
+            check_int("capacity", self.capacity, 1)
         if not isinstance(self.point_estimate, str) or self.point_estimate not in ("vi", "binder"):
             raise ValueError(f"point_estimate must be 'vi' or 'binder', got {self.point_estimate!r}.")
         options = {} if self.method_options is None else self.method_options

@@ -82,7 +82,7 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .._validation import check_data, check_labels
+from .._validation import check_data, check_int, check_labels
 from ..models.measures import Measure
 from .partition.clusters import ClusterState, cluster_log_joint, compact_labels
 from .partition.gibbs import assignment_sweep
@@ -165,18 +165,12 @@ class Layout:
         return rows
 
 
-def _check_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
-
-
 def make_layout(num_points: int, num_shards: int, block_size: int) -> Layout:
     """The layout of ``num_points`` points on ``num_shards`` shards with global blocks of
     about ``block_size`` points (rounded up to a multiple of ``num_shards``)."""
-    num_points = _check_int("num_points", num_points)
-    num_shards = _check_int("num_shards", num_shards)
-    block_size = _check_int("block_size", block_size)
+    num_points = check_int("num_points", num_points)
+    num_shards = check_int("num_shards", num_shards)
+    block_size = check_int("block_size", block_size)
     local_block = -(-block_size // num_shards)
     num_blocks = -(-num_points // (local_block * num_shards))
     return Layout(num_points, num_shards, local_block, num_blocks)
@@ -271,8 +265,8 @@ def _check_points(X: Any, family) -> Any:
 
 def _check_inputs(X, family, capacity, block_size, mesh):
     X = _check_points(X, family)
-    capacity = _check_int("capacity", capacity)
-    block_size = _check_int("block_size", block_size)
+    capacity = check_int("capacity", capacity)
+    block_size = check_int("block_size", block_size)
     mesh = make_mesh() if mesh is None else mesh
     _mesh_axis(mesh)
     return X, capacity, block_size, mesh
@@ -444,7 +438,7 @@ def fit_mapdp(
     Raises ``CapacityError`` if the clusters outgrew ``capacity``.
     """
     X, capacity, block_size, mesh = _check_inputs(X, family, capacity, block_size, mesh)
-    max_iter = _check_int("max_iter", max_iter)
+    max_iter = check_int("max_iter", max_iter)
     layout = make_layout(X.shape[0], mesh.devices.size, block_size)
     data = shard_data(X, mesh, layout)
     out = _mapdp_program(mesh, layout, capacity, float(tol), max_iter)(data.X, data.valid, measure, family)
@@ -565,7 +559,7 @@ def gibbs(
     outgrew ``capacity``.
     """
     X, capacity, block_size, mesh = _check_inputs(X, family, capacity, block_size, mesh)
-    num_sweeps = _check_int("num_sweeps", num_sweeps)
+    num_sweeps = check_int("num_sweeps", num_sweeps)
     n = X.shape[0]
     if labels is None:
         labels = np.zeros(n, np.int32)

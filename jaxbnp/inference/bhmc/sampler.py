@@ -80,7 +80,7 @@ from jax import lax
 from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import logsumexp
 
-from ..._validation import check_data
+from ..._validation import check_data, check_int
 from ...models.nested import NestedHDP, _path_log_prior_table, check_covariance, sample_ncrp
 from ..partition.clusters import CapacityError
 
@@ -630,12 +630,6 @@ class BHMCFit(NamedTuple):
         return labels_at_level(self.paths, level)
 
 
-def _check_int(value, name, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
-
-
 def fit_bhmc(
     key: jax.Array,
     X: Any,
@@ -677,10 +671,10 @@ def fit_bhmc(
     """
     Xn = check_data(X)
     n, dim = Xn.shape
-    depth = _check_int(depth, "depth", 1)
-    num_samples = _check_int(num_samples, "num_samples", 1)
-    num_warmup = _check_int(num_warmup, "num_warmup", 0)
-    num_chains = _check_int(num_chains, "num_chains", 1)
+    depth = check_int("depth", depth, 1)
+    num_samples = check_int("num_samples", num_samples, 1)
+    num_warmup = check_int("num_warmup", num_warmup, 0)
+    num_chains = check_int("num_chains", num_chains, 1)
     var = np.var(Xn, axis=0)
     var = np.where(var > 0, var, 1.0)
     Sigma0 = np.diag(var) if Sigma0 is None else check_covariance(Sigma0, "Sigma0", dim)
@@ -690,8 +684,8 @@ def fit_bhmc(
     if node_capacity is None:
         M = min(n * depth + depth + 1, 512)
     else:
-        M = _check_int(node_capacity, "node_capacity", depth + 2)
-    K = min(n, 64) if component_capacity is None else _check_int(component_capacity, "component_capacity", 1)
+        M = check_int("node_capacity", node_capacity, depth + 2)
+    K = min(n, 64) if component_capacity is None else check_int("component_capacity", component_capacity, 1)
     config = BHMCConfig(depth, M, K, bool(update_beta), bool(update_hyper), bool(paper_split))
     model = make_model(hyper)
     Xj = jnp.asarray(Xn, jnp.result_type(float))

@@ -54,13 +54,13 @@ Example
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..._validation import check_int
 from ...models.measures import Measure
 from . import gibbs as gibbs_core
 from .clusters import ClusterState, first_free_slot
@@ -87,19 +87,6 @@ class SplitMergeInfo(NamedTuple):
     log_ratio: jax.Array
     log_proposal: jax.Array
     accepted: jax.Array
-
-
-def _check_count(name: str, value: Any, minimum: int = 0) -> int:
-    """``value`` as a Python int ``>= minimum``, else a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    try:
-        out = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.") from None
-    if out < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {out}.")
-    return out
 
 
 def _restricted_scans(
@@ -192,7 +179,7 @@ def split_merge_move_info(
     of the touched slots are recomputed from the points (no rounding drift).
     """
     X = jnp.asarray(X)
-    num_restricted_scans = _check_count("num_restricted_scans", num_restricted_scans)
+    num_restricted_scans = check_int("num_restricted_scans", num_restricted_scans)
     n = X.shape[0]
     labels, counts = clusters.labels, clusters.counts
     capacity = counts.shape[0]
@@ -370,9 +357,9 @@ class SplitMerge(MoveStatsKernel):
         update_hyperparameters: bool = False,
         chain_batching: str = "auto",
     ):
-        num_split_merge = _check_count("num_split_merge", num_split_merge)
-        num_restricted_scans = _check_count("num_restricted_scans", num_restricted_scans)
-        gibbs_sweeps = _check_count("gibbs_sweeps", gibbs_sweeps)
+        num_split_merge = check_int("num_split_merge", num_split_merge)
+        num_restricted_scans = check_int("num_restricted_scans", num_restricted_scans)
+        gibbs_sweeps = check_int("gibbs_sweeps", gibbs_sweeps)
         if gibbs_sweeps == 0 and num_split_merge < 1:
             raise ValueError(
                 "SplitMerge with gibbs_sweeps=0 needs num_split_merge >= 1 "

@@ -99,7 +99,7 @@ from .ibhc import (
     stoc_insert_log_prob,
 )
 from ..partition.kernels import MoveStatsKernel, MoveStatsState, _chain_id
-from ..partition.split_merge import _check_count
+from ..._validation import check_int
 from .device import Forest, empty_forest, global_moves_forest
 
 __all__ = [
@@ -668,9 +668,9 @@ class TreeGuidedMCMC(MoveStatsKernel):
                 f"through io_callback), got {trees!r}."
             )
         self._trees = trees
-        self._max_parts = _check_count("max_parts", max_parts, 2)
-        self._num_global_moves = _check_count("num_global_moves", num_global_moves, 0)
-        self._depth = _check_count("depth", depth, 1)
+        self._max_parts = check_int("max_parts", max_parts, 2)
+        self._num_global_moves = check_int("num_global_moves", num_global_moves, 0)
+        self._depth = check_int("depth", depth, 1)
         if init not in ("ibhc", "noisy", "one", "singletons", "prior"):
             raise ValueError(
                 f"init must be 'ibhc', 'noisy', 'one', 'singletons' or 'prior', got {init!r}."

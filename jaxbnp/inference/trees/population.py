@@ -57,6 +57,7 @@ from jax import lax
 from jax.scipy.special import logsumexp
 from numpyro.util import is_prng_key
 
+from ..._validation import check_int
 from ...models.ddt import (
     _LOG_2PI, Tree, _attach, _detach, _evaluate, bottom_up_order, num_leaves, root_of,
 )
@@ -397,12 +398,6 @@ class PopulationDDTState(NamedTuple):
     rng_key: jax.Array
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
-
-
 class PopulationDDT(DiffusionTreeMCMC):
     """Population MCMC over Dirichlet diffusion trees: a NumPyro ensemble kernel.
 
@@ -444,8 +439,8 @@ class PopulationDDT(DiffusionTreeMCMC):
         if pair_batching not in ("vmap", "map"):
             raise ValueError(f"pair_batching must be 'vmap' or 'map', got {pair_batching!r}.")
         self._pair_batching = pair_batching
-        self._num_chains = _check_int("num_chains", num_chains, 2)
-        self._subset_size = _check_int("subset_size", subset_size, 1)
+        self._num_chains = check_int("num_chains", num_chains, 2)
+        self._subset_size = check_int("subset_size", subset_size, 1)
         try:
             temperature = float(temperature)
         except (TypeError, ValueError):
