@@ -55,7 +55,7 @@ class RunResult(NamedTuple):
     seconds: float
 
 
-def _compile(kernel, collect, num_chains, num_warmup, num_samples, thinning, chunk):
+def _compile(kernel, collect, compiler_options, num_chains, num_warmup, num_samples, thinning, chunk):
     """``(start, advance)`` programs for one kernel and one set of settings."""
     total = num_warmup + num_samples * thinning
     ragged = total % chunk != 0
@@ -87,15 +87,17 @@ def _compile(kernel, collect, num_chains, num_warmup, num_samples, thinning, chu
 
         return jax.lax.fori_loop(0, chunk, step, carry)
 
-    return jax.jit(start), jax.jit(advance)
+    opts = {} if compiler_options is None else {"compiler_options": dict(compiler_options)}
+    return jax.jit(start, **opts), jax.jit(advance, **opts)
 
 
 _PROGRAMS: "OrderedDict[Any, tuple]" = OrderedDict()  # most recently used last
 _MAX_PROGRAMS = 16
 
 
-def _programs(make_kernel, capacity, cache_key, collect, settings):
-    key = None if cache_key is None else (cache_key, capacity, collect, settings)
+def _programs(make_kernel, capacity, cache_key, collect, compiler_options, settings):
+    options_key = tuple(sorted((compiler_options or {}).items()))
+    key = None if cache_key is None else (cache_key, capacity, collect, options_key, settings)
     if key is not None and key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)
         return _PROGRAMS[key]
@@ -104,7 +106,7 @@ def _programs(make_kernel, capacity, cache_key, collect, settings):
         # the overflow flag stays in the state and is checked after the last block: no
         # host callback in the programs, so JAX's persistent compilation cache keeps them
         kernel.host_overflow_check = False
-    programs = (kernel, *_compile(kernel, collect, *settings))
+    programs = (kernel, *_compile(kernel, collect, compiler_options, *settings))
     if key is not None:
         _PROGRAMS[key] = programs
         while len(_PROGRAMS) > _MAX_PROGRAMS:
@@ -130,6 +132,7 @@ def run(
     description: str = "sampling",
     heartbeat: Any = None,
     cache_key: Any = None,
+    compiler_options: dict | None = None,
 ) -> RunResult:
     """Run ``num_chains`` chains of the kernel ``make_kernel(capacity)`` (module docstring).
 
@@ -150,6 +153,7 @@ def run(
     :param cache_key: a hashable description of the kernel's settings; programs with
         the same ``cache_key``, capacity and settings are compiled once per process.
         ``None`` compiles afresh.
+    :param compiler_options: XLA options for the compiled programs (``jax.jit``'s).
     """
     model_kwargs = dict(model_kwargs or {})
     num_warmup, num_samples, num_chains, thinning = (
@@ -161,7 +165,7 @@ def run(
     settings = (num_chains, num_warmup, num_samples, thinning, chunk)
     while True:
         t0 = time.perf_counter()
-        kernel, start, advance = _programs(make_kernel, capacity, cache_key, collect, settings)
+        kernel, start, advance = _programs(make_kernel, capacity, cache_key, collect, compiler_options, settings)
         try:
             label = description if capacity is None else f"{description} (capacity {capacity})"
             with progress_bar_context(total, label, show) as bar:
