@@ -47,3 +47,9 @@ def test_package_cites_only_the_repos_docs():
             if name in text:
                 offenders.append(f"{path.relative_to(ROOT)}: {name}")
     assert not offenders, offenders
+
+
+def test_readme_links_exist():
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
+    missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
+    assert not missing, missing
