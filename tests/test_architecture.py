@@ -1,0 +1,189 @@
+"""The package's import graph (issue #19): read with ``ast``, nothing imported.
+
+* no cycle among the modules of ``jaxbnp``;
+* no module imports another module's private (``_name``, not dunder) name;
+* layering: ``jaxbnp.models`` imports neither ``jaxbnp.inference`` nor the
+  drivers (``jaxbnp.estimators``, ``jaxbnp.cli``); ``jaxbnp.inference`` does
+  not import the drivers;
+* the package's files cite the repository's own pages (docs/), never
+  MATH.md or ARCHITECTURE.md.
+
+Every import counts, those inside functions included; ``from pkg import name``
+counts as an import of ``pkg.name`` when that is a module, else of ``pkg``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "jaxbnp"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+
+
+def _is_package(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    """The absolute name of the module a ``from ... import`` reads from."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    if not _is_package(module):
+        base = base[:-1]
+    if node.level > 1:
+        base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _owner(name: str) -> str | None:
+    """The longest jaxbnp module that ``name`` (a dotted module path) is, or lies in."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in MODULES:
+            return candidate
+        parts.pop()
+    return None
+
+
+def _imported_module_names(module: str):
+    """``(dotted name, line)`` of every module that ``module`` imports or imports from."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"), filename=str(MODULES[module]))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            yield _resolve(module, node), node.lineno
+
+
+def _imports(module: str):
+    """``(imported module, private names imported from it, line)`` for each jaxbnp import."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"), filename=str(MODULES[module]))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = _owner(alias.name)
+                if target is not None:
+                    yield target, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, node)
+            if _owner(source) is None:
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in MODULES:
+                    yield submodule, [], node.lineno
+                else:
+                    private = [alias.name] if _is_private(alias.name) else []
+                    yield _owner(source), private, node.lineno
+
+
+def _graph():
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    private: list[str] = []
+    for module in MODULES:
+        for target, names, line in _imports(module):
+            if target != module:
+                edges[module].add(target)
+            for name in names:
+                if target != module:
+                    private.append(f"{module}:{line} imports {target}.{name}")
+    return edges, private
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per back edge found by a depth-first search."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = dict.fromkeys(edges, WHITE)
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        colour[node] = GREY
+        stack.append(node)
+        for succ in sorted(edges[node]):
+            if colour[succ] == GREY:
+                found.append(stack[stack.index(succ):] + [succ])
+            elif colour[succ] == WHITE:
+                visit(succ)
+        stack.pop()
+        colour[node] = BLACK
+
+    for node in sorted(edges):
+        if colour[node] == WHITE:
+            visit(node)
+    return found
+
+
+def _is_under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_modules_found():
+    assert f"{PACKAGE}.models" in MODULES and f"{PACKAGE}.inference" in MODULES
+
+
+def test_imported_modules_exist():
+    missing = [
+        f"{module}:{line} imports {name}"
+        for module in MODULES
+        for name, line in _imported_module_names(module)
+        if _is_under(name, PACKAGE) and name not in MODULES
+    ]
+    assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
+
+
+def test_no_import_cycle():
+    edges, _ = _graph()
+    cycles = _cycles(edges)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_private_name_imported_from_another_module():
+    _, private = _graph()
+    assert not private, "private names imported across modules:\n" + "\n".join(private)
+
+
+LAYERS = {  # a module under the key must not import a module under any of the values
+    f"{PACKAGE}.models": (f"{PACKAGE}.inference", f"{PACKAGE}.estimators", f"{PACKAGE}.cli"),
+    f"{PACKAGE}.inference": (f"{PACKAGE}.estimators", f"{PACKAGE}.cli"),
+}
+
+
+def test_layering():
+    edges, _ = _graph()
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in sorted(edges.items())
+        for target in sorted(targets)
+        for lower, uppers in LAYERS.items()
+        if _is_under(module, lower) and any(_is_under(target, u) for u in uppers)
+    ]
+    assert not upward, "imports upward:\n" + "\n".join(upward)
+
+
+def test_no_reference_to_files_outside_the_repository():
+    bad = [
+        f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
+        for path in MODULES.values()
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if "MATH.md" in line or "ARCHITECTURE.md" in line
+    ]
+    assert not bad, "cite docs/mathematics.md or docs/design.md instead:\n" + "\n".join(bad)
