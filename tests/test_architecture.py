@@ -187,3 +187,76 @@ def test_no_reference_to_files_outside_the_repository():
         if "MATH.md" in line or "ARCHITECTURE.md" in line
     ]
     assert not bad, "cite docs/mathematics.md or docs/design.md instead:\n" + "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------- dependencies
+def _third_party_imports(top_level_only: bool) -> dict[str, list[str]]:
+    """``{top-level package: [where]}`` of the non-stdlib, non-jaxbnp imports.
+
+    ``top_level_only``: only the imports that must succeed when the module is
+    imported (not those inside a function, a method, an ``if TYPE_CHECKING:``
+    block or a ``try`` that catches ``ImportError``).
+    """
+    import sys
+
+    found: dict[str, list[str]] = {}
+
+    def visit(node: ast.AST, module: str, lazy: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            child_lazy = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or (
+                isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
+            ) or (  # try: import x / except ImportError: an optional import
+                isinstance(child, ast.Try)
+                and any(h.type is not None and "ImportError" in ast.unparse(h.type) for h in child.handlers)
+            )
+            names = []
+            if isinstance(child, ast.Import):
+                names = [alias.name for alias in child.names]
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                names = [child.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top != PACKAGE and top not in sys.stdlib_module_names and not (top_level_only and lazy):
+                    found.setdefault(top, []).append(f"{module}:{child.lineno}")
+            visit(child, module, child_lazy)
+
+    for module, path in MODULES.items():
+        visit(ast.parse(path.read_text(encoding="utf-8")), module, False)
+    return found
+
+
+def _dependencies() -> tuple[set[str], set[str]]:
+    """(names in [project] dependencies, names in any optional-dependencies extra)."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+    def names(specs):
+        return {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].strip().lower() for spec in specs}
+
+    extras = set().union(*(names(v) for v in project.get("optional-dependencies", {}).values()))
+    return names(project["dependencies"]), extras
+
+
+#: import name -> distribution name where they differ
+DISTRIBUTIONS = {"sklearn": "scikit-learn"}
+
+
+def test_runtime_dependencies_are_the_imports():
+    required, extras = _dependencies()
+    at_import = _third_party_imports(top_level_only=True)
+    anywhere = _third_party_imports(top_level_only=False)
+    undeclared = [
+        f"{name} ({', '.join(where)})" for name, where in sorted(at_import.items())
+        if DISTRIBUTIONS.get(name, name) not in required
+    ]
+    assert not undeclared, "imported when jaxbnp is imported but not in [project] dependencies:\n" + "\n".join(
+        undeclared)
+    unknown = [
+        f"{name} ({', '.join(where)})" for name, where in sorted(anywhere.items())
+        if DISTRIBUTIONS.get(name, name) not in required | extras
+    ]
+    assert not unknown, "imported but in neither the dependencies nor an extra:\n" + "\n".join(unknown)
+    unused = sorted(required - {DISTRIBUTIONS.get(n, n) for n in anywhere} - {"jaxlib"})
+    assert not unused, f"[project] dependencies that jaxbnp never imports: {unused}"
