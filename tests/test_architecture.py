@@ -1,12 +1,17 @@
 """The package's import graph (issue #19): read with ``ast``, nothing imported.
 
 * no cycle among the modules of ``jaxbnp``;
-* no module imports another module's private (``_name``, not dunder) name;
+* no module imports another module's private (``_name``, not dunder) name,
+  nor reads one as ``module._name``;
 * layering: ``jaxbnp.models`` imports neither ``jaxbnp.inference`` nor the
   drivers (``jaxbnp.estimators``, ``jaxbnp.cli``); ``jaxbnp.inference`` does
   not import the drivers;
 * the package's files cite the repository's own pages (docs/), never
-  MATH.md or ARCHITECTURE.md.
+  MATH.md or ARCHITECTURE.md;
+* every jaxbnp module imported exists;
+* ``[project] dependencies`` are what the package imports at import time (an
+  import inside a function, or one guarded by ``except ImportError``, may come
+  from an extra).
 
 Every import counts, those inside functions included; ``from pkg import name``
 counts as an import of ``pkg.name`` when that is a module, else of ``pkg``.
@@ -95,6 +100,26 @@ def _imports(module: str):
                     yield _owner(source), private, node.lineno
 
 
+def _private_attributes(module: str):
+    """``(module, name, line)`` for each ``alias._name`` where ``alias`` is a jaxbnp module imported here."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"), filename=str(MODULES[module]))
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in MODULES:
+                    aliases[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, node)
+            for alias in node.names:
+                if f"{source}.{alias.name}" in MODULES:
+                    aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and _is_private(node.attr)):
+            yield aliases[node.value.id], node.attr, node.lineno
+
+
 def _graph():
     edges: dict[str, set[str]] = {m: set() for m in MODULES}
     private: list[str] = []
@@ -105,6 +130,9 @@ def _graph():
             for name in names:
                 if target != module:
                     private.append(f"{module}:{line} imports {target}.{name}")
+        for target, name, line in _private_attributes(module):
+            if target != module:
+                private.append(f"{module}:{line} uses {target}.{name}")
     return edges, private
 
 
@@ -138,6 +166,15 @@ def _is_under(module: str, package: str) -> bool:
 
 def test_modules_found():
     assert f"{PACKAGE}.models" in MODULES and f"{PACKAGE}.inference" in MODULES
+
+
+def test_the_checks_see_what_they_look_for():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    assert _is_private("_x") and not _is_private("__all__") and not _is_private("x")
+    inner = ast.parse("from ..models.ddt import to_linkage").body[0]
+    assert _resolve(f"{PACKAGE}.inference.trees.mcmc", inner) == f"{PACKAGE}.inference.models.ddt"
+    assert _resolve(f"{PACKAGE}.inference", ast.parse("from ..models import ddt").body[0]) == f"{PACKAGE}.models"
 
 
 def test_imported_modules_exist():
