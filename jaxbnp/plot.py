@@ -2,8 +2,8 @@
 heatmaps, dendrograms (of a SciPy linkage matrix or a Dirichlet diffusion tree,
 docs/mathematics.md §5) and BHMC trees (docs/mathematics.md §6).
 
-Needs the ``plot`` extra (``pip install "jaxbnp[plot]"``); dendrograms also
-need SciPy. Both are imported on first use.
+Needs the ``plot`` extra (``pip install "jaxbnp[plot]"``); matplotlib is
+imported on first use.
 
 Example
 -------
@@ -15,6 +15,7 @@ Example
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,18 +36,13 @@ def pyplot():
     try:
         import matplotlib
 
-        if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "ps") and not _has_display():
+        has_display = os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+        if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "ps") and not has_display:
             matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError('Plotting needs matplotlib: pip install "jaxbnp[plot]".') from exc
     return plt
-
-
-def _has_display() -> bool:
-    import os
-
-    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
 def project_2d(X: np.ndarray) -> np.ndarray:
@@ -182,10 +178,7 @@ def plot_dendrogram(
         (e.g. ``color_threshold``, ``orientation``). Its return value (leaf
         order, colours) is stored as ``ax.dendrogram_``.
     """
-    try:
-        from scipy.cluster import hierarchy
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("plot_dendrogram needs SciPy: pip install scipy.") from exc
+    from scipy.cluster import hierarchy
 
     plt = pyplot()
     is_tree = isinstance(tree_or_linkage, tuple) and hasattr(tree_or_linkage, "_fields")
