@@ -30,29 +30,22 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import (  # noqa: E402  (the benchmarks' harness)
+    RESULTS, cpu_seconds, load_average, machine_info, other_cpu_seconds, utc_now, write_json, write_lines,
+)
 
 import jax  # noqa: E402
 
 from jaxbnp import metrics  # noqa: E402
 from jaxbnp.inference.bhmc.sampler import fit_bhmc  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gibbs import cpu_seconds  # noqa: E402  (shared helper)
-
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 
 
 def tree_data(per_leaf: int, seed: int = 0):
@@ -119,10 +112,12 @@ def run_dataset(name, X, truth, args, hyper):
 
 
 def write_markdown(res: dict, path: Path) -> None:
+    m = res["machine"]
     lines = [
         "# BHMC (nCRP + multilevel HDP mixture) vs Ward, level by level",
         "",
-        f"Machine: {res['machine']}; JAX {res['jax']} on {res['backend']}, dtype {res['dtype']}. "
+        f"Machine: {m['cpu_model']} ({m['cpu_count']} CPUs), {m['platform']}; JAX {m['jax']} on "
+        f"{m['jax_backend']}, dtype {m['dtype']}. "
         f"Run {res['date']}. Command: `{res['command']}`. "
         f"CPU seconds used by other processes during the run: {res['other_cpu_s']:.0f} "
         f"(wall {res['wall_s']:.0f} s; the timings are only clean when this is near zero).",
@@ -154,7 +149,7 @@ def write_markdown(res: dict, path: Path) -> None:
             f"{d['mean_num_components']:.1f} | {d['hyper']} |")
     lines += ["", "*A proposal equal to the current path counts as accepted (the nCRP proposes existing "
               "large branches often), so this overstates how often paths change."]
-    path.write_text("\n".join(lines) + "\n")
+    write_lines(path, lines)
 
 
 def main(argv=None):
@@ -166,15 +161,14 @@ def main(argv=None):
     args.warmup, args.samples = (50, 50) if args.quick else (150, 150)
     per_leaf, n_digits = (10, 100) if args.quick else (20, 250)
     res = {
-        "machine": f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs), {platform.platform()}",
-        "jax": jax.__version__, "backend": jax.default_backend(), "dtype": str(jax.numpy.result_type(float)),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "date": utc_now(),
         "command": "python benchmarks/bhmc.py" + (" --quick" if args.quick else "")
                    + (f" --chains {args.chains}" if args.chains != 2 else ""),
         "chains": args.chains, "warmup": args.warmup, "samples": args.samples,
-        "load_average_start": list(os.getloadavg()),
+        "load_average_start": load_average(),
     }
-    busy0, own0 = cpu_seconds()
+    clock0 = cpu_seconds()
     t0 = time.perf_counter()
     X, truth = tree_data(per_leaf)
     tree_hyper = {"alpha": 0.5, "gamma0": 3.0, "gamma": 0.5, "Sigma": 0.25 * np.eye(2),
@@ -184,13 +178,12 @@ def main(argv=None):
                     "Sigma0": np.eye(Xd.shape[1]), "mu0": np.zeros(Xd.shape[1])}
     datasets = [run_dataset("tree", X, truth, args, tree_hyper),
                 run_dataset("digits-pca10", Xd, yd, args, digits_hyper)]
-    busy1, own1 = cpu_seconds()
+    other = other_cpu_seconds(clock0, cpu_seconds())
     res["datasets"] = datasets
     res["wall_s"] = time.perf_counter() - t0
-    res["other_cpu_s"] = (busy1 - busy0) - (own1 - own0) if busy0 is not None else float("nan")
-    res["load_average_end"] = list(os.getloadavg())
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bhmc.json").write_text(json.dumps(res, indent=1, default=float))
+    res["other_cpu_s"] = float("nan") if other is None else other
+    res["load_average_end"] = load_average()
+    write_json(RESULTS / "bhmc.json", res)
     write_markdown(res, RESULTS / "bhmc.md")
     print((RESULTS / "bhmc.md").read_text())
 

@@ -29,10 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gibbs import cpu_seconds, machine_info  # the benchmarks' machine record and CPU clock
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-RESULTS = REPO_ROOT / "benchmarks" / "results"
+from harness import RESULTS, cpu_seconds, machine_info, other_cpu_seconds, write_json, write_lines
 METHODS = ("splitmerge", "gibbs", "tgmcmc", "mapdp", "ddt", "bhmc")
 
 
@@ -62,8 +59,7 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = []
-    busy0, t_start = cpu_seconds()[0], time.perf_counter()
-    own0 = os.times()
+    clock0, t_start = cpu_seconds(children=True), time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods:
             for dtype in args.dtypes:
@@ -74,10 +70,8 @@ def main() -> None:
                 row = {"method": method, "dtype": dtype, "first": first, "second": second}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    own1 = os.times()
-    own = (own1.children_user + own1.children_system) - (own0.children_user + own0.children_system)
-    busy1 = cpu_seconds()[0]
-    other = float("nan") if busy0 is None or busy1 is None else busy1 - busy0 - own
+    other = other_cpu_seconds(clock0, cpu_seconds(children=True))
+    other = float("nan") if other is None else other
     result = {
         "command": "python benchmarks/cli.py " + " ".join(sys.argv[1:]),
         "date": _dt.date.today().isoformat(),
@@ -86,8 +80,7 @@ def main() -> None:
         "other_processes_cpu_s": round(other, 1),
         "rows": rows,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out_name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(RESULTS / f"{args.out_name}.json", result, indent=2)
     m = result["machine"]
     lines = [
         "# `jaxbnp cluster` on the embedded data: every method, first and second run",
@@ -113,7 +106,7 @@ def main() -> None:
         lines.append(f"| {r['method']} | {r['dtype']} | {f['wall_s']:.1f} | {f['method_s']:.1f} | "
                      f"{s['wall_s']:.1f} | {s['method_s']:.1f} | {s['clusters']} | {s['nmi']:.3f} | "
                      f"{s['ari']:.3f} | {s['fitted_points']} |")
-    (RESULTS / f"{args.out_name}.md").write_text("\n".join(lines) + "\n")
+    write_lines(RESULTS / f"{args.out_name}.md", lines)
     print("\n".join(lines))
 
 

@@ -30,10 +30,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -41,18 +37,16 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, machine_info, utc_now, write_json, write_lines  # noqa: E402  (the benchmarks' harness)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpyro.distributions as dist  # noqa: E402
 
-from jaxbnp.inference import ddt_mcmc, population  # noqa: E402
+from jaxbnp.inference.trees import mcmc as ddt_mcmc, population  # noqa: E402
 from jaxbnp.models import ddt  # noqa: E402
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 C_PRIOR = dist.LogNormal(0.0, 1.0)
 NOISE_FRACTION = 0.1
 
@@ -247,28 +241,13 @@ def population_vs_independent(num_chains, per_group, subset_size, seconds, repea
 
 
 # ----------------------------------------------------------------------------------- report
-def machine_info() -> dict:
-    cpu_model = None
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu_model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None)
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(), "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0], "jax": jax.__version__, "jax_backend": jax.default_backend(),
-        "jax_devices": [str(d) for d in jax.devices()], "dtype": str(jnp.asarray(1.0).dtype),
-        "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
-
-
 def write_markdown(res: dict, path: Path) -> None:
     m = res["machine"]
     lines = [
         "# Dirichlet diffusion trees: vectorised chains and population MCMC",
         "",
         f"Machine: {m['cpu_model']} ({m['cpu_count']} CPUs), {m['platform']}; JAX {m['jax']} on "
-        f"{m['jax_backend']}, dtype {m['dtype']}; load average at start {m['load_average_at_start']}. "
+        f"{m['jax_backend']}, dtype {m['dtype']}; load average at start {m['load_average']}. "
         f"Mode: {res['mode']}. Run {res['date']}. No GPU was lent to this task, so there are no GPU rows.",
         "",
         f"## 1. Within-chain sampler, `jit(vmap(ddt_mcmc.step))`, n = {res['throughput']['num_points']} points, D = 2",
@@ -320,7 +299,7 @@ def write_markdown(res: dict, path: Path) -> None:
               "split); in x = −log(1 − t) the density is bounded and its maximiser is the more "
               "meaningful \"best tree\". The fraction of chains with the right split at the end is "
               "the most stable of the three measures.", ""]
-    path.write_text("\n".join(lines))
+    write_lines(path, lines)
 
 
 def main(argv=None):
@@ -333,15 +312,14 @@ def main(argv=None):
     else:
         counts, repeats, seconds, runs = [1, 2, 4, 8, 16, 32, 64, 128, 256], 3, 10.0, 5
     res = {"mode": "quick" if args.quick else "default", "machine": machine_info(),
-           "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+           "date": utc_now()}
     print("1. throughput of vmapped chains", flush=True)
     res["throughput"] = throughput(counts, n_points=32, repeats=repeats)
     print("2. population vs independent chains at equal wall time", flush=True)
     res["population"] = population_vs_independent(num_chains=8, per_group=8, subset_size=4,
                                                    seconds=seconds, repeats=runs)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ddt.json").write_text(json.dumps(res, indent=2))
+    write_json(out / "ddt.json", res, indent=2)
     write_markdown(res, out / "ddt.md")
     print(f"wrote {out / 'ddt.json'} and {out / 'ddt.md'}")
 

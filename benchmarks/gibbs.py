@@ -42,21 +42,17 @@ reported as measured.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import math
 import os
-import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from harness import (  # noqa: E402  (puts the repository root on sys.path)
+    cpu_seconds, load_average, machine_info, other_cpu_seconds, summarize, utc_now, write_json, write_lines,
+)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -95,83 +91,6 @@ def load_labels(data_dir: Path, name: str) -> np.ndarray | None:
     if not path.is_file():
         return None
     return np.loadtxt(path).astype(np.int64).reshape(-1)
-
-
-def machine_info() -> dict:
-    cpu_model = None
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        affinity = None
-    import jaxlib
-
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "numpyro": numpyro.__version__,
-        "jaxbnp": bnp.__version__,
-        "jax_backend": jax.default_backend(),
-        "jax_devices": [str(d) for d in jax.devices()],
-        "jax_enable_x64": bool(jax.config.jax_enable_x64),
-        "dtype": str(jnp.asarray(1.0).dtype),
-        "numpy_baseline_dtype": "float64",
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS"),
-        "jaxbnp_git": _git_state(),
-    }
-
-
-def _git_state() -> dict | None:
-    """Commit of the library under test and whether jaxbnp/ differs from it."""
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "jaxbnp"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return {"commit": head, "jaxbnp_modified": bool(dirty)}
-
-
-def cpu_seconds() -> tuple[float | None, float]:
-    """(CPU seconds all processes have used, from /proc/stat; CPU seconds this process used)."""
-    import resource
-
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    own = ru.ru_utime + ru.ru_stime
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(v) for v in fh.readline().split()[1:]]
-        busy = sum(fields[:3]) + sum(fields[5:7])  # user nice system irq softirq
-        return busy / os.sysconf("SC_CLK_TCK"), own
-    except (OSError, ValueError, IndexError):  # pragma: no cover - non-Linux
-        return None, own
-
-
-def summarize(times: list[float]) -> dict:
-    return {
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-        "max_s": max(times),
-        "repeats": len(times),
-        "times_s": times,
-    }
 
 
 def _num_clusters(state) -> np.ndarray:
@@ -774,13 +693,14 @@ def main(argv=None) -> None:
         "data_dir": str(data_dir),
         "seed": args.seed,
     }
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    started = utc_now()
     t_start = time.perf_counter()
     global COMPILE_TIMER
     COMPILE_TIMER = CompileTimer()
-    res = {"started": started, "config": cfg, "machine": machine_info(), "datasets": {}}
-    res["load_average_start"] = list(os.getloadavg())
-    busy0, own0 = cpu_seconds()
+    res = {"started": started, "config": cfg, "machine": {**machine_info(), "numpy_baseline_dtype": "float64"},
+           "datasets": {}}
+    res["load_average_start"] = load_average()
+    clock0 = cpu_seconds()
     if res["load_average_start"][0] > 0.5:
         print(f"warning: 1-minute load average is {res['load_average_start'][0]:.2f} on "
               f"{os.cpu_count()} CPUs; other processes may slow the timings.", flush=True)
@@ -872,19 +792,16 @@ def main(argv=None) -> None:
         "ratio_64": {n: res["datasets"][n]["ratio_vs_single"]["64"]
                      for n in DATASETS if "64" in res["datasets"][n]["ratio_vs_single"]},
     }
-    res["load_average_end"] = list(os.getloadavg())
+    res["load_average_end"] = load_average()
     res["total_wall_s"] = time.perf_counter() - t_start
-    busy1, own1 = cpu_seconds()
-    res["other_processes_mean_cores"] = (
-        None if busy0 is None
-        else max(0.0, ((busy1 - busy0) - (own1 - own0)) / res["total_wall_s"])
-    )
-    res["this_process_mean_cores"] = (own1 - own0) / res["total_wall_s"]
+    clock1 = cpu_seconds()
+    other = other_cpu_seconds(clock0, clock1)
+    res["other_processes_mean_cores"] = None if other is None else max(0.0, other / res["total_wall_s"])
+    res["this_process_mean_cores"] = (clock1[1] - clock0[1]) / res["total_wall_s"]
 
-    args.out_dir.mkdir(parents=True, exist_ok=True)
     md = make_markdown(res)
-    (args.out_dir / "gibbs.json").write_text(json.dumps(res, indent=2) + "\n")
-    (args.out_dir / "gibbs.md").write_text(md)
+    write_json(args.out_dir / "gibbs.json", res, indent=2)
+    write_lines(args.out_dir / "gibbs.md", [md.rstrip("\n")])
     print()
     print(md)
     print(f"wrote {args.out_dir / 'gibbs.json'} and {args.out_dir / 'gibbs.md'}")

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 import warnings
@@ -45,20 +43,15 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, cpu_seconds, machine_info, other_cpu_seconds, write_json, write_lines  # noqa: E402
 
-import jax  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.metrics import normalized_mutual_info_score  # noqa: E402
 from sklearn.mixture import BayesianGaussianMixture  # noqa: E402
 
-from gibbs import _git_state as git_state, cpu_seconds  # noqa: E402  (same helpers as the Gibbs benchmark)
 from jaxbnp.estimators import MAPDP, SingleClusterWarning  # noqa: E402
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 K_TRUE = 30
 BGM_COMPONENTS = 50
 
@@ -120,12 +113,13 @@ def fmt(v, spec):
 
 
 def write_markdown(res, path):
+    m = res["machine"]
     lines = [
         "# MAP-DP (defaults) vs scikit-learn BayesianGaussianMixture, 30 well separated Gaussians",
         "",
-        f"Command: `{res['command']}`. Device: {res['device']}; {res['cpu_count']} CPUs; "
-        f"dtype {res['dtype']}; jax {res['versions']['jax']}, scikit-learn {res['versions']['sklearn']}; "
-        f"git {res['git']}.",
+        f"Command: `{res['command']}`. Device: {m['jax_devices'][0]} "
+        f"({m['cpu_model']}); {m['cpu_count']} CPUs; dtype {m['dtype']}; jax {m['jax']}, "
+        f"scikit-learn {res['sklearn']}; git {m['jaxbnp_git']}.",
         f"True K = {K_TRUE}. MAP-DP: `MAPDP()` (defaults, alpha = 1); time = second fit "
         "(compiled), first fit (with compilation) in brackets. Paper: `MAPDP.paper(mode=\"batched\")`, "
         f"same prior. BGM: diag, DP weights, {BGM_COMPONENTS} components, max_iter 100. "
@@ -151,7 +145,7 @@ def write_markdown(res, path):
     lines.append("")
     lines.append(f"Wall time of the run: {res['wall_s']:.0f} s. CPU seconds used by other processes "
                  f"during the run: {fmt(res.get('other_cpu_s'), '.0f')}.")
-    path.write_text("\n".join(lines) + "\n")
+    write_lines(path, lines)
 
 
 def main(argv=None):
@@ -162,19 +156,14 @@ def main(argv=None):
     ap.add_argument("--out-name", default="mapdp")
     args = ap.parse_args(argv)
     sizes = args.sizes or [n for n in (10**4, 10**5) if n <= args.max_n]
-    dev = jax.devices()[0]
     res = {
         "command": "python benchmarks/mapdp.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "device": f"{dev.platform}: {dev.device_kind}",
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "dtype": str(jax.numpy.result_type(float)),
-        "versions": {"jax": jax.__version__, "sklearn": __import__("sklearn").__version__},
-        "git": git_state(),
+        "machine": machine_info(),
+        "sklearn": __import__("sklearn").__version__,
         "k_true": K_TRUE,
         "rows": [],
     }
-    busy0, own0 = cpu_seconds()
+    clock0 = cpu_seconds()
     t_start = time.perf_counter()
     for n in sizes:
         for d in args.dims:
@@ -188,12 +177,11 @@ def main(argv=None):
                 row[method] = fn()
                 print(n, d, method, json.dumps(row[method]), flush=True)
             res["rows"].append(row)
-    busy1, own1 = cpu_seconds()
+    other = other_cpu_seconds(clock0, cpu_seconds())
     res["wall_s"] = time.perf_counter() - t_start
-    if busy0 is not None:
-        res["other_cpu_s"] = (busy1 - busy0) - (own1 - own0)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out_name}.json").write_text(json.dumps(res, indent=1))
+    if other is not None:
+        res["other_cpu_s"] = other
+    write_json(RESULTS / f"{args.out_name}.json", res)
     write_markdown(res, RESULTS / f"{args.out_name}.md")
     print((RESULTS / f"{args.out_name}.md").read_text())
 

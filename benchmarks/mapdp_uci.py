@@ -55,14 +55,12 @@ from numpyro.infer import MCMC  # noqa: E402
 from sklearn.datasets import load_breast_cancer, load_iris, load_wine  # noqa: E402
 from sklearn.metrics import normalized_mutual_info_score as nmi  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, machine_info, write_json, write_lines  # noqa: E402  (the benchmarks' harness)
 
 import jaxbnp as bnp  # noqa: E402
 from jaxbnp.estimators import MAPDP, select_alpha  # noqa: E402
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 PAPER = {  # Table 2 (NMI) and Table 3 (iterations): DP-means, Gibbs, MAP-DP
     "wine": {"nmi": (0.42, "0.72 (0.06)", 0.86), "iterations": (19, 2365, 11)},
     "iris": {"nmi": (0.76, "0.75 (0.06)", 0.76), "iterations": (8, 1543, 5)},
@@ -160,7 +158,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     num_warmup, num_samples = (200, 300) if args.quick else (1000, 2000)
     res = {"command": "python benchmarks/mapdp_uci.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "alphas": ALPHAS, "sets": {}}
+           "machine": machine_info(), "alphas": ALPHAS, "sets": {}}
     for name, loader in LOADERS.items():
         data = loader()
         X, y = data.data.astype(float), data.target
@@ -176,8 +174,7 @@ def main(argv=None):
         out["gibbs"] = run_gibbs(X, y, prior, alpha, num_warmup, num_samples)
         res["sets"][name] = out
         print(name, json.dumps(out), flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "mapdp_uci.json").write_text(json.dumps(res, indent=1))
+    write_json(RESULTS / "mapdp_uci.json", res)
     lines = [
         "# MAP-DP paper, Tables 2 and 3, on scikit-learn's UCI sets",
         "",
@@ -207,7 +204,7 @@ def main(argv=None):
             f"{p['nmi'][2]:.2f} ({p['iterations'][2]}) | {m(o['mapdp_paper'])} | "
             f"{m(o['mapdp_defaults_paper_prior'])} | **{m(o['mapdp_defaults'])}** |"
         )
-    (RESULTS / "mapdp_uci.md").write_text("\n".join(lines) + "\n")
+    write_lines(RESULTS / "mapdp_uci.md", lines)
     print("\n".join(lines))
 
 

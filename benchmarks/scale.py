@@ -38,20 +38,19 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
-import platform
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import (  # noqa: E402  (the benchmarks' harness)
+    REPO_ROOT, RESULTS, cpu_seconds, load_average, machine_info, other_cpu_seconds, utc_now, write_json,
+    write_lines,
+)
 
 CAPACITY = 32
 
@@ -113,18 +112,6 @@ def worker(args) -> dict:
 
 
 # ----------------------------------------------------------------------------- driver
-def cpu_seconds():
-    """(CPU seconds all processes used, from /proc/stat; CPU seconds of this process + children)."""
-    own = sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-              for f in ("ru_utime", "ru_stime"))
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(v) for v in fh.readline().split()[1:]]
-        return (sum(fields[:3]) + sum(fields[5:7])) / os.sysconf("SC_CLK_TCK"), own
-    except (OSError, ValueError, IndexError):  # pragma: no cover - non-Linux
-        return None, own
-
-
 def run_worker(args, algo: str, n: int, devices: int) -> dict:
     env = dict(os.environ)
     if not args.gpu:
@@ -214,7 +201,7 @@ def main(argv=None) -> int:
     p.add_argument("--gibbs-max-n", type=float, default=None, help="largest N for Gibbs")
     p.add_argument("--timeout", type=int, default=1800)
     p.add_argument("--render-only", action="store_true", help="rewrite the .md from the .json")
-    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results")
+    p.add_argument("--out-dir", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     stem = "scale_gpu" if args.gpu else "scale"
     if args.worker:
@@ -223,7 +210,7 @@ def main(argv=None) -> int:
     if args.render_only:
         res = json.loads((args.out_dir / f"{stem}.json").read_text())
         md = render(res)
-        (args.out_dir / f"{stem}.md").write_text(md)
+        write_lines(args.out_dir / f"{stem}.md", [md.rstrip("\n")])
         print(md)
         return 0
 
@@ -250,9 +237,9 @@ def main(argv=None) -> int:
         gibbs_max = int(args.gibbs_max_n)
 
     t_start = time.perf_counter()
-    busy0, own0 = cpu_seconds()
+    clock0 = cpu_seconds(children=True)
     print(f"scale benchmark: {'GPU' if args.gpu else 'CPU'}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()}", flush=True)
+          f"load average {load_average()}", flush=True)
     by_devices = []
     for algo, n_dev in (("mapdp", scaling_n), ("gibbs", gibbs_scaling_n)):
         for c in counts:
@@ -264,24 +251,24 @@ def main(argv=None) -> int:
         if n <= gibbs_max:
             by_n.append(run_worker(args, "gibbs", n, 1))
     wall = time.perf_counter() - t_start
-    busy1, own1 = cpu_seconds()
-    other = None if busy0 is None else max(0.0, ((busy1 - busy0) - (own1 - own0)) / wall)
+    clock1 = cpu_seconds(children=True)
+    other = other_cpu_seconds(clock0, clock1)
+    other = None if other is None else max(0.0, other / wall)
     res = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "python": sys.version.split()[0], "gpu_mode": args.gpu},
+        "date": utc_now(),
+        # the workers are separate processes: the driver does not start JAX
+        "machine": {**machine_info(with_jax=False), "gpu_mode": args.gpu},
         "settings": {"capacity": CAPACITY, "mapdp_global_block": args.block_size,
                      "gibbs_global_block": args.gibbs_block_size, "repeats": args.repeats,
                      "dtype": "float32", "data": "8 Gaussians in 2-D, DP(1), NormalGamma.from_data"},
         "scaling_n": {"mapdp": scaling_n, "gibbs": gibbs_scaling_n},
         "by_devices": by_devices, "by_n": by_n, "total_wall_s": wall,
-        "other_processes_mean_cores": other, "this_run_mean_cores": (own1 - own0) / wall,
-        "load_average_end": list(os.getloadavg()),
+        "other_processes_mean_cores": other, "this_run_mean_cores": (clock1[1] - clock0[1]) / wall,
+        "load_average_end": load_average(),
     }
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{stem}.json").write_text(json.dumps(res, indent=2))
+    write_json(args.out_dir / f"{stem}.json", res, indent=2)
     md = render(res)
-    (args.out_dir / f"{stem}.md").write_text(md)
+    write_lines(args.out_dir / f"{stem}.md", [md.rstrip("\n")])
     print(md)
     return 0
 

@@ -109,10 +109,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import REPO_ROOT, RESULTS, cpu_seconds, git_state, machine_info  # noqa: E402  (the benchmarks' harness)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -120,12 +118,10 @@ import numpyro  # noqa: E402
 import numpyro.distributions as dist  # noqa: E402
 from numpyro.diagnostics import effective_sample_size  # noqa: E402
 
-from gibbs import _git_state as git_state, cpu_seconds, machine_info  # noqa: E402  (shared helpers)
 import jaxbnp as bnp  # noqa: E402
 from jaxbnp.inference.partition.clusters import CapacityError  # noqa: E402
 
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "nrmm"
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 SAMPLERS = ("gibbs", "sm", "tgmcmc")
 SAMPLER_NAMES = {"gibbs": "Gibbs", "sm": "SM", "tgmcmc": "tgMCMC"}
 COLORS = {"gibbs": "tab:red", "sm": "tab:green", "tgmcmc": "tab:blue"}

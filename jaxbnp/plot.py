@@ -1,7 +1,9 @@
 """Matplotlib plots: clusters in 2-D (PCA when D > 2), MCMC traces, co-clustering
-heatmaps and dendrograms.
+heatmaps, dendrograms (of a SciPy linkage matrix or a Dirichlet diffusion tree,
+docs/mathematics.md §5) and BHMC trees (docs/mathematics.md §6).
 
-Needs the ``plot`` extra (``pip install "jaxbnp[plot]"``).
+Needs the ``plot`` extra (``pip install "jaxbnp[plot]"``); matplotlib is
+imported on first use.
 
 Example
 -------
@@ -13,29 +15,34 @@ Example
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["plot_clusters", "plot_trace", "plot_coclustering", "plot_dendrogram", "project_2d"]
+from .models.ddt import cut_tree, to_linkage
+
+__all__ = [
+    "pyplot", "plot_clusters", "plot_trace", "plot_coclustering", "plot_dendrogram", "plot_bhmc_tree",
+    "project_2d",
+]
 
 
-def _pyplot():
+def pyplot():
+    """``matplotlib.pyplot``, on the Agg backend when there is no display.
+
+    Raises ``ImportError`` with the install command when matplotlib is missing.
+    """
     try:
         import matplotlib
 
-        if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "ps") and not _has_display():
+        has_display = os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+        if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "ps") and not has_display:
             matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError('Plotting needs matplotlib: pip install "jaxbnp[plot]".') from exc
     return plt
-
-
-def _has_display() -> bool:
-    import os
-
-    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
 def project_2d(X: np.ndarray) -> np.ndarray:
@@ -50,7 +57,7 @@ def project_2d(X: np.ndarray) -> np.ndarray:
 
 def plot_clusters(X: Any, labels: Any, ax=None, title: str | None = None):
     """Scatter plot of the points coloured by cluster; returns the axes."""
-    plt = _pyplot()
+    plt = pyplot()
     P = project_2d(np.asarray(X))
     labels = np.asarray(labels)
     if ax is None:
@@ -72,7 +79,7 @@ def plot_trace(log_joint: Any, num_clusters: Any = None, axes=None):
     ``extra_fields=("log_joint", "num_clusters")``, a fitted
     ``DirichletProcessMixture`` or a ``CheckpointedRun``. Returns the two axes.
     """
-    plt = _pyplot()
+    plt = pyplot()
     if num_clusters is None:
         from .diagnostics import draws_by_chain
 
@@ -110,7 +117,7 @@ def plot_coclustering(
         rows are sorted by cluster and the clusters outlined. Give ``order``
         or ``labels``, not both; with neither, the original order is kept.
     """
-    plt = _pyplot()
+    plt = pyplot()
     psm = np.asarray(psm, dtype=float)
     if psm.ndim != 2 or psm.shape[0] != psm.shape[1] or psm.shape[0] == 0:
         raise ValueError(f"psm must be a square (n, n) matrix, got shape {psm.shape}.")
@@ -147,42 +154,124 @@ def plot_coclustering(
     return ax
 
 
-def plot_dendrogram(linkage_or_tree: Any, ax=None, **kw: Any):
-    """Dendrogram of a SciPy linkage matrix or of a tree; returns the axes.
+def plot_dendrogram(
+    tree_or_linkage: Any,
+    ax: Any = None,
+    *,
+    t_stop: float | None = None,
+    labels: Sequence[str] | None = None,
+    title: str | None = None,
+    **dendrogram_kwargs: Any,
+):
+    """Dendrogram of a tree or of a SciPy linkage matrix; returns the axes.
 
-    :param linkage_or_tree: an ``(n − 1, 4)`` SciPy linkage matrix, or a tree
-        that ``jaxbnp.models.ddt.to_linkage`` converts to one.
-    :param kw: passed to ``scipy.cluster.hierarchy.dendrogram`` (e.g.
-        ``labels``, ``color_threshold``, ``orientation``). Its return value
-        (leaf order, colours) is stored as ``ax.dendrogram_``.
+    :param tree_or_linkage: a :class:`~jaxbnp.models.ddt.Tree` (a single
+        tree), drawn from :func:`~jaxbnp.models.ddt.to_linkage`: heights
+        ``1 − t``, leaves at 0, the root at ``1 − t_root``; or an
+        ``(n − 1, 4)`` SciPy linkage matrix.
+    :param t_stop: trees only: the clusters of
+        :func:`~jaxbnp.models.ddt.cut_tree` at ``t_stop`` are coloured and the
+        cut is drawn as a dashed line at height ``1 − t_stop``.
+    :param labels: the leaves' labels.
+    :param title: the axes' title (with ``t_stop``, by default the number of clusters).
+    :param dendrogram_kwargs: passed to ``scipy.cluster.hierarchy.dendrogram``
+        (e.g. ``color_threshold``, ``orientation``). Its return value (leaf
+        order, colours) is stored as ``ax.dendrogram_``.
     """
     from scipy.cluster import hierarchy
 
-    plt = _pyplot()
-    Z = None
-    if isinstance(linkage_or_tree, np.ndarray) or (
-        isinstance(linkage_or_tree, list) and not hasattr(linkage_or_tree, "_fields")
-    ):
-        Z = np.asarray(linkage_or_tree, dtype=float)
-    elif hasattr(linkage_or_tree, "shape") and np.ndim(linkage_or_tree) == 2:
-        Z = np.asarray(linkage_or_tree, dtype=float)
-    if Z is None:
+    plt = pyplot()
+    is_tree = isinstance(tree_or_linkage, tuple) and hasattr(tree_or_linkage, "_fields")
+    if is_tree:
+        Z = np.asarray(to_linkage(tree_or_linkage), dtype=float)
+    else:
+        if t_stop is not None:
+            raise ValueError("t_stop needs a tree (jaxbnp.models.ddt.Tree), not a linkage matrix.")
+        Z = np.asarray(tree_or_linkage, dtype=float)
+        if Z.ndim != 2 or Z.shape[1] != 4 or Z.shape[0] < 1:
+            raise ValueError(f"a linkage matrix has shape (n - 1, 4) with n >= 2, got {Z.shape}.")
         try:
-            from .models.ddt import to_linkage
-        except ImportError as exc:
-            raise ValueError(
-                "plot_dendrogram takes a SciPy linkage matrix (n - 1, 4); converting a tree needs "
-                "jaxbnp.models.ddt.to_linkage, which this installation does not have."
-            ) from exc
-        Z = np.asarray(to_linkage(linkage_or_tree), dtype=float)
-    if Z.ndim != 2 or Z.shape[1] != 4 or Z.shape[0] < 1:
-        raise ValueError(f"a linkage matrix has shape (n - 1, 4) with n >= 2, got {Z.shape}.")
-    try:
-        hierarchy.is_valid_linkage(Z, throw=True, name="linkage")
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"not a valid SciPy linkage matrix: {exc}") from exc
+            hierarchy.is_valid_linkage(Z, throw=True, name="linkage")
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"not a valid SciPy linkage matrix: {exc}") from exc
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4))
-    ax.dendrogram_ = hierarchy.dendrogram(Z, ax=ax, **kw)
-    ax.set_ylabel("height")
+        _, ax = plt.subplots(figsize=(8, 4))
+    kwargs = dict(dendrogram_kwargs)
+    if t_stop is not None:
+        kwargs.setdefault("color_threshold", 1.0 - float(t_stop))
+    ax.dendrogram_ = hierarchy.dendrogram(Z, ax=ax, labels=None if labels is None else list(labels), **kwargs)
+    if t_stop is not None:
+        ax.axhline(1.0 - float(t_stop), color="0.4", linestyle="--", linewidth=1)
+        k = len(np.unique(np.asarray(cut_tree(tree_or_linkage, float(t_stop)))))
+        title = title or f"cut at t = {float(t_stop):.2f}: {k} clusters"
+    ax.set_ylabel("1 - divergence time" if is_tree else "height")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_bhmc_tree(paths: Any, ax: Any = None, *, labels_true: Any = None, title: str | None = None):
+    """Draw the tree of a BHMC sample from its paths ``(N, L)`` (root ``0`` implicit); returns the axes.
+
+    Depth runs down the page; leaves are spread evenly, an internal node sits
+    above the mean of its children. Each node shows its number of points (the
+    marker area grows with it); with ``labels_true`` the leaves also show
+    their majority class and its share.
+    """
+    plt = pyplot()
+    paths = np.asarray(paths)
+    if paths.ndim != 2:
+        raise ValueError(f"paths must have shape (num_points, depth), got {paths.shape}.")
+    n, depth = paths.shape
+    full = np.concatenate([np.zeros((n, 1), paths.dtype), paths], axis=1)
+    children: dict = {}
+    count: dict = {0: n}
+    for row in full:
+        for level in range(1, depth + 1):
+            parent, child = int(row[level - 1]), int(row[level])
+            kids = children.setdefault(parent, [])
+            if child not in kids:
+                kids.append(child)
+            count[child] = count.get(child, 0) + 1
+    xpos: dict = {}
+    next_leaf = [0]
+
+    def place(node, level):
+        kids = sorted(children.get(node, []), key=lambda c: -count[c])
+        if level == depth or not kids:
+            xpos[node] = float(next_leaf[0])
+            next_leaf[0] += 1
+        else:
+            for kid in kids:
+                place(kid, level + 1)
+            xpos[node] = float(np.mean([xpos[k] for k in kids]))
+        return node
+
+    place(0, 0)
+    level_of = {0: 0}
+    for row in full:
+        for level in range(1, depth + 1):
+            level_of[int(row[level])] = level
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(6.0, 0.5 * next_leaf[0] + 2), 1.4 * depth + 1.5))
+    for parent, kids in children.items():
+        for kid in kids:
+            ax.plot([xpos[parent], xpos[kid]], [-level_of[parent], -level_of[kid]], color="0.6", zorder=1)
+    nodes = list(xpos)
+    sizes = np.array([count[z] for z in nodes], float)
+    ax.scatter([xpos[z] for z in nodes], [-level_of[z] for z in nodes], s=30 + 400 * sizes / n,
+               c=[level_of[z] for z in nodes], cmap="viridis", zorder=2, edgecolors="k")
+    true = None if labels_true is None else np.asarray(labels_true)
+    for z in nodes:
+        text = str(count[z])
+        if true is not None and level_of[z] == depth:
+            members = true[full[:, depth] == z]
+            values, freq = np.unique(members, return_counts=True)
+            text += f"\n{values[np.argmax(freq)]} ({freq.max() / len(members):.0%})"
+        ax.annotate(text, (xpos[z], -level_of[z]), textcoords="offset points", xytext=(0, -14),
+                    ha="center", va="top", fontsize=7)
+    ax.set_yticks([-l for l in range(depth + 1)], ["root"] + [f"level {l}" for l in range(1, depth + 1)])
+    ax.set_xticks([])
+    ax.set_ylim(-depth - 0.8, 0.5)
+    ax.set_title(title or f"BHMC tree: {sum(1 for z in nodes if level_of[z] == depth)} leaves, {n} points")
     return ax

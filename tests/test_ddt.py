@@ -222,7 +222,7 @@ def test_plot_dendrogram():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxbnp.plot_trees import plot_dendrogram
+    from jaxbnp.plot import plot_dendrogram
 
     ax = plot_dendrogram(_tree(6, 0), t_stop=0.5, labels=list("abcdef"))
     assert "clusters" in ax.get_title()

@@ -119,3 +119,25 @@ def test_plots():
     with pytest.raises(ValueError, match="log_joint"):
         plot.plot_trace({"labels": z})
     plt.close("all")
+
+
+def test_tree_plots():
+    """One plot_dendrogram for a linkage matrix and a tree; plot_bhmc_tree; the public pyplot()."""
+    from jaxbnp.models import ddt
+
+    plt = plot.pyplot()
+    tree = ddt.comb_tree(4)
+    ax = plot.plot_dendrogram(tree, t_stop=0.5, labels=list("abcd"))
+    k = len(set(np.asarray(ddt.cut_tree(tree, 0.5)).tolist()))
+    assert ax.get_title() == f"cut at t = 0.50: {k} clusters"
+    assert ax.get_ylabel() == "1 - divergence time"
+    np.testing.assert_allclose(sorted(np.max(ax.dendrogram_["dcoord"], axis=1)),
+                               sorted(ddt.to_linkage(tree)[:, 2]))
+    with pytest.raises(ValueError, match="t_stop needs a tree"):
+        plot.plot_dendrogram(ddt.to_linkage(tree), t_stop=0.5)
+    paths = np.array([[1, 3], [1, 3], [1, 4], [2, 5]])
+    ax = plot.plot_bhmc_tree(paths, labels_true=np.array([0, 0, 1, 2]))
+    assert ax.get_title() == "BHMC tree: 3 leaves, 4 points"
+    with pytest.raises(ValueError, match="paths"):
+        plot.plot_bhmc_tree(np.zeros(3))
+    plt.close("all")
