@@ -1,6 +1,6 @@
 """BHMC sampler (Huang et al., Algorithm 2): MH on paths, Gibbs on components, β and θ updates.
 
-docs/mathematics.md §6, model in :mod:`jaxbnp.models.nested`. One :func:`sweep` visits the
+docs/mathematics.md §6, model in :mod:`jaxbnp.models.nested`. One :func:`step` (a sweep) visits the
 points in a random order (paper: ``Shuffled(X)``) and for point ``n``
 
 1. cleans up ``c_n`` and ``v_n``: removes ``n`` from its component (a
@@ -50,12 +50,15 @@ Deviations and exactness (say so, docs/mathematics.md §0):
 Arrays: ``node_capacity`` node slots (node ``0`` the root) and
 ``component_capacity`` component slots. Running out of either sets
 ``overflow`` (the move that needed the slot is not made) and
-:func:`fit_bhmc` raises :class:`~jaxbnp.inference.partition.clusters.CapacityError`
+:func:`fit_bhmc` raises :class:`~jaxbnp.errors.CapacityError`
 naming the option to raise: nothing is dropped silently.
 
-Kernel pattern: ``init(key, X, model, config) -> BHMCState`` and
-``sweep(key, state, X, model, config) -> BHMCState`` are pure and jittable;
-chains are ``jax.vmap`` over keys; :func:`fit_bhmc` is the one-call entry.
+Kernel contract (BlackJAX's): ``init(key, X, hyper, model, config) -> BHMCState`` and
+``step(key, state, X, model, config) -> (BHMCState, BHMCInfo)`` are pure and
+jittable, the per-sweep move counts in :class:`BHMCInfo`. :class:`BHMCKernel`
+is the NumPyro ``MCMCKernel`` over them (its whole state in
+:class:`BHMCKernelState`); :func:`fit_bhmc` is the one-call entry, sampling
+through :func:`jaxbnp.inference.runner.run`.
 
 Example
 -------
@@ -421,7 +424,11 @@ def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConf
 
 # ------------------------------------------------------------------------------ global updates
 def update_beta(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
-    """Eqs. 3–4 top down: ``β_root ~ Dir(N_1..N_K, γ0)``, ``β_z' ~ Dir(N_z'k + γβ_zk, γβ*_z)``."""
+    """Eqs. 3–4 top down: ``β_root ~ Dir(N_1..N_K, γ0)``, ``β_z' ~ Dir(N_z'k + γβ_zk, γβ*_z)``.
+
+    docs/mathematics.md §6. A draw of ``B`` given the rest (no statistics to report, so it
+    returns the state alone).
+    """
     K, L = config.component_capacity, config.depth
     ftype = state.log_beta.dtype
     nk = state.node_comp.astype(ftype)
@@ -448,6 +455,7 @@ def update_beta(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
 def update_theta(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> BHMCState:
     """Eq. 5: ``μ_k | X, c ~ N(Σ̃_k(Σ0⁻¹μ0 + Σ⁻¹ Σ_{c_n=k} x_n), Σ̃_k)``, ``Σ̃_k = (Σ0⁻¹ + N_k Σ⁻¹)⁻¹``.
 
+    docs/mathematics.md §6. An exact conditional draw (returns the state alone).
     Inactive slots get prior draws (never used).
     """
     K = config.component_capacity
@@ -467,7 +475,8 @@ def update_theta(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig)
 
 
 def complete_log_likelihood(state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> jax.Array:
-    """``log p(X, c, V | B, θ) = Σ_n [log f(x_n; θ_{c_n}) + log β_{v_nL, c_n}] + log p(V | α)``."""
+    """``log p(X, c, V | B, θ) = Σ_n [log f(x_n; θ_{c_n}) + log β_{v_nL, c_n}] + log p(V | α)``
+    (docs/mathematics.md §6)."""
     leaf = state.paths[:, -1]
     log_f = _mvn_logpdf(X, state.theta[state.c], model.chol_sigma)
     log_w = state.log_beta[leaf, state.c]
@@ -596,6 +605,8 @@ def _assemble(paths, c, theta, log_beta, alpha, gamma0, gamma, X, model, config,
 def init(key, X, hyper: NestedHDP, model: BHMCModel, config: BHMCConfig) -> BHMCState:
     """A starting state: paths from the nCRP prior, components from a CRP(``γ0``), then eqs. 3–5.
 
+    docs/mathematics.md §6. ``hyper``: anything with ``alpha``, ``gamma0``, ``gamma``
+    (a :class:`~jaxbnp.models.nested.NestedHDP` or a :class:`BHMCHyper`).
     The nCRP ids are in creation order (``< N L + 1``); a tree with more nodes
     than ``node_capacity`` or more than ``component_capacity`` components
     sets ``overflow``.
@@ -762,7 +773,8 @@ def labels_at_level(paths: Any, level: int) -> np.ndarray:
 
 
 class BHMCFit(NamedTuple):
-    """Result of :func:`fit_bhmc` (the best sample = the highest complete-data log likelihood).
+    """Result of :func:`fit_bhmc` (docs/mathematics.md §6; the best sample = the highest complete-data
+    log likelihood).
 
     paths: ``(N, L)`` node ids of the best sample. tree: ``(node_capacity,)``
     parent array of the best sample (``−1`` at the root and unused slots; use
