@@ -12,8 +12,8 @@ from numpyro import handlers
 from numpyro.infer import MCMC
 
 from jaxbnp import metrics
-from jaxbnp.inference.bhmc import sampler as bhmc
 from jaxbnp.errors import CapacityError
+from jaxbnp.inference.bhmc import sampler as bhmc
 from jaxbnp.models import nested
 
 FAST = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}

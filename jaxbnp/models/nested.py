@@ -64,9 +64,16 @@ from numpyro.distributions import constraints
 from ..errors import CapacityError
 
 __all__ = [
-    "NestedHDP", "check_covariance", "NestedCRP",
-    "tree_from_paths", "path_log_prior", "path_log_prior_table", "sample_ncrp",
-    "nested_hdp_model", "simulate", "default_node_capacity",
+    "NestedCRP",
+    "NestedHDP",
+    "check_covariance",
+    "default_node_capacity",
+    "nested_hdp_model",
+    "path_log_prior",
+    "path_log_prior_table",
+    "sample_ncrp",
+    "simulate",
+    "tree_from_paths",
 ]
 
 
@@ -258,14 +265,14 @@ class NestedCRP(dist.Distribution):
         super().__init__(batch_shape=(), event_shape=(self.num_points, self.depth), validate_args=validate_args)
 
     def sample(self, key, sample_shape=()):
-        draw = lambda k: sample_ncrp(k, self.alpha, self.num_points, self.depth, self.node_capacity)  # noqa: E731
+        draw = lambda k: sample_ncrp(k, self.alpha, self.num_points, self.depth, self.node_capacity)
         if not sample_shape:
             return draw(key)
         keys = jax.random.split(key, math.prod(sample_shape))
         return jax.vmap(draw)(keys).reshape(tuple(sample_shape) + self.event_shape)
 
     def log_prob(self, value):
-        fn = lambda p: path_log_prior(p, self.alpha, self.node_capacity)  # noqa: E731
+        fn = lambda p: path_log_prior(p, self.alpha, self.node_capacity)
         value = jnp.asarray(value, jnp.int32)
         if value.ndim == 2:
             return fn(value)

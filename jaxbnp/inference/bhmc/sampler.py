@@ -82,21 +82,45 @@ import numpy as np
 from jax import lax
 from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import logsumexp
-
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
 from ..._cache import auto_enable
 from ..._validation import check_data, check_int
 from ...errors import CapacityError
-from ...models.nested import NestedHDP, check_covariance, path_log_prior_table, sample_ncrp, tree_from_paths
+from ...models.nested import (
+    NestedHDP,
+    check_covariance,
+    path_log_prior_table,
+    sample_ncrp,
+    tree_from_paths,
+)
 from ..runner import run
 
 __all__ = [
-    "BHMCConfig", "BHMCModel", "BHMCHyper", "BHMCState", "BHMCInfo", "PointInfo", "HyperInfo",
-    "make_model", "init", "step", "point_update", "log_acceptance", "update_beta", "update_theta",
-    "update_hyperparameters", "complete_log_likelihood", "state_from_simulation",
-    "BHMCKernel", "BHMCKernelState", "BHMCFit", "fit_bhmc", "labels_at_level", "FAST_COMPILE",
+    "FAST_COMPILE",
+    "BHMCConfig",
+    "BHMCFit",
+    "BHMCHyper",
+    "BHMCInfo",
+    "BHMCKernel",
+    "BHMCKernelState",
+    "BHMCModel",
+    "BHMCState",
+    "HyperInfo",
+    "PointInfo",
+    "complete_log_likelihood",
+    "fit_bhmc",
+    "init",
+    "labels_at_level",
+    "log_acceptance",
+    "make_model",
+    "point_update",
+    "state_from_simulation",
+    "step",
+    "update_beta",
+    "update_hyperparameters",
+    "update_theta",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
