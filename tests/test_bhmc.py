@@ -1,4 +1,5 @@
-"""BHMC (docs/mathematics.md §6): recovery, input checks, reproducibility, vmapped chains, per-level metrics."""
+"""BHMC (docs/mathematics.md §6): recovery, input checks, reproducibility, vmapped chains, the
+NumPyro kernel, per-level metrics."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from numpyro import handlers
+from numpyro.infer import MCMC
 
 from jaxbnp import metrics
+from jaxbnp.errors import CapacityError
 from jaxbnp.inference.bhmc import sampler as bhmc
-from jaxbnp.inference.partition.clusters import CapacityError
 from jaxbnp.models import nested
 
 FAST = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
@@ -116,8 +118,8 @@ def _run(key):
     state = bhmc.init(k0, X_SMALL, HYPER, MODEL, CONFIG)
 
     def body(s, k):
-        s = bhmc.sweep(k, s, X_SMALL, MODEL, CONFIG)
-        return s, (s.paths, s.c, s.log_lik, jnp.stack([s.alpha, s.gamma0, s.gamma]))
+        s, info = bhmc.step(k, s, X_SMALL, MODEL, CONFIG)
+        return s, (s.paths, s.c, s.log_lik, jnp.stack([s.alpha, s.gamma0, s.gamma]), info)
 
     return jax.lax.scan(body, state, jax.random.split(k1, 5))[1]
 
@@ -129,7 +131,7 @@ def test_same_key_same_draws_and_vmap_equals_sequential():
     keys = jax.random.split(jax.random.key(5), 3)
     a = run_one(keys[0])
     b = run_one(keys[0])
-    for x, y in zip(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     batched = jax.jit(jax.vmap(_run), compiler_options=FAST)(keys)
     for i in range(3):
@@ -141,6 +143,48 @@ def test_same_key_same_draws_and_vmap_equals_sequential():
     hyper = np.asarray(batched[3])  # (chains, sweeps, 3): α, γ0, γ move, stay positive, γ < 1.5
     assert np.all(np.isfinite(np.asarray(batched[2]))) and np.all(hyper > 0) and np.all(hyper[..., 2] < 1.5)
     assert len(np.unique(hyper[..., 0])) > 1
+    info = batched[4]  # BHMCInfo of every sweep: one path proposal per point
+    assert np.all(np.asarray(info.num_proposed) == N_SMALL)
+    assert np.all((np.asarray(info.num_accepted) >= 0) & (np.asarray(info.num_accepted) <= N_SMALL))
+    assert np.asarray(info.num_accepted).sum() > 0 and np.asarray(info.hyper_accepted).shape == (3, 5, 3)
+
+
+class _Ticks:
+    def __init__(self):
+        self.total = 0
+
+    def tick(self, n=1):
+        self.total += n
+
+
+def test_kernel_under_numpyro_mcmc_gives_fit_bhmc_draws():
+    """BHMCKernel under MCMC(chain_method="vectorized") with fit_bhmc's keys (init_params)
+    draws what fit_bhmc (runner.run over the same kernel) draws; the state carries all."""
+    X = np.linspace(-2.0, 2.0, 6)[:, None]
+    key = jax.random.key(3)
+    ticks = _Ticks()
+    fit = bhmc.fit_bhmc(key, X, depth=2, num_warmup=1, num_samples=2, num_chains=2, heartbeat=ticks,
+                        compiler_options=FAST)
+    assert ticks.total == 2 * (1 + 2)  # chain sweeps
+    timing = fit.samples["timing"]
+    assert timing["num_first_sweeps"] + timing["num_other_sweeps"] == 3 and timing["num_chains"] == 2
+    assert fit.samples["accept_rate"].shape == (2, 2)
+    h = fit.hyper
+    args = (jnp.asarray(X), bhmc.make_model(h), bhmc.BHMCHyper(*(jnp.asarray(v) for v in (h.alpha, h.gamma0, h.gamma))))
+    kernel = bhmc.BHMCKernel(bhmc.BHMCConfig(2, 6 * 2 + 3, 6))
+    mcmc = MCMC(kernel, num_warmup=1, num_samples=2, num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(99), *args,
+             init_params={"rng_key": jnp.stack([key, key]), "chain": jnp.arange(2, dtype=jnp.int32)})
+    draws = mcmc.get_samples(group_by_chain=True)
+    np.testing.assert_array_equal(np.asarray(draws.paths), fit.samples["paths"])
+    np.testing.assert_array_equal(np.asarray(draws.c), fit.samples["c"])
+    np.testing.assert_allclose(np.asarray(draws.log_lik), fit.log_lik, rtol=1e-12)
+    last = mcmc.last_state
+    assert isinstance(last, bhmc.BHMCKernelState) and not kernel.overflowed(last)
+    assert float(np.max(np.asarray(last.best.log_lik))) == pytest.approx(float(fit.best.log_lik))
+    np.testing.assert_array_equal(np.asarray(last.iteration), [3, 3])
+    with pytest.raises(TypeError, match="BHMCConfig"):
+        bhmc.BHMCKernel({"depth": 2})
 
 
 def test_node_capacity_overflow_raises():

@@ -58,12 +58,22 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from jax import lax
+from numpyro import handlers
 from numpyro.distributions import constraints
 
+from ..errors import CapacityError
+
 __all__ = [
-    "NestedHDP", "check_covariance", "NestedCRP",
-    "tree_from_paths", "path_log_prior", "sample_ncrp", "ncrp_log_prob",
-    "nested_hdp_model", "simulate", "default_node_capacity",
+    "NestedCRP",
+    "NestedHDP",
+    "check_covariance",
+    "default_node_capacity",
+    "nested_hdp_model",
+    "path_log_prior",
+    "path_log_prior_table",
+    "sample_ncrp",
+    "simulate",
+    "tree_from_paths",
 ]
 
 
@@ -167,8 +177,12 @@ def tree_from_paths(paths: jax.Array, node_capacity: int):
     return parent, depth, count
 
 
-def _path_log_prior_table(parent, depth, count, alpha, depth_l: int):
-    """docs/mathematics.md §6 path prior from a node table (``count > 0`` marks the nodes of the tree)."""
+def path_log_prior_table(parent, depth, count, alpha, depth_l: int) -> jax.Array:
+    """``log p(V | α)`` of docs/mathematics.md §6 from a node table (:func:`tree_from_paths`).
+
+    ``count > 0`` marks the nodes of the tree; ``depth_l`` is ``L``. Jittable;
+    the form :func:`path_log_prior` and BHMC's sampler use.
+    """
     alpha = jnp.asarray(alpha, jnp.result_type(float))
     active = count > 0
     nonroot = active & (parent >= 0)
@@ -191,24 +205,7 @@ def path_log_prior(paths: Any, alpha: Any, node_capacity: int | None = None) -> 
     n, depth_l = paths.shape
     cap = default_node_capacity(n, depth_l) if node_capacity is None else int(node_capacity)
     parent, depth, count = tree_from_paths(paths, cap)
-    return _path_log_prior_table(parent, depth, count, alpha, depth_l)
-
-
-def ncrp_log_prob(paths: Any, alpha: float) -> float:
-    """Host-side sequential nCRP probability of ``paths`` (seating points ``0, 1, …`` in order)."""
-    paths = np.asarray(paths)
-    total = 0.0
-    counts: dict = {}
-    for row in paths:
-        prev_count = counts.get(0, 0)
-        for node in row:
-            c = counts.get(int(node), 0)
-            total += math.log(c if c > 0 else alpha) - math.log(prev_count + alpha)
-            prev_count = c
-        counts[0] = counts.get(0, 0) + 1
-        for node in row:
-            counts[int(node)] = counts.get(int(node), 0) + 1
-    return total
+    return path_log_prior_table(parent, depth, count, alpha, depth_l)
 
 
 def sample_ncrp(key: jax.Array, alpha: Any, num_points: int, depth: int, node_capacity: int | None = None):
@@ -268,14 +265,14 @@ class NestedCRP(dist.Distribution):
         super().__init__(batch_shape=(), event_shape=(self.num_points, self.depth), validate_args=validate_args)
 
     def sample(self, key, sample_shape=()):
-        draw = lambda k: sample_ncrp(k, self.alpha, self.num_points, self.depth, self.node_capacity)  # noqa: E731
+        draw = lambda k: sample_ncrp(k, self.alpha, self.num_points, self.depth, self.node_capacity)
         if not sample_shape:
             return draw(key)
         keys = jax.random.split(key, math.prod(sample_shape))
         return jax.vmap(draw)(keys).reshape(tuple(sample_shape) + self.event_shape)
 
     def log_prob(self, value):
-        fn = lambda p: path_log_prior(p, self.alpha, self.node_capacity)  # noqa: E731
+        fn = lambda p: path_log_prior(p, self.alpha, self.node_capacity)
         value = jnp.asarray(value, jnp.int32)
         if value.ndim == 2:
             return fn(value)
@@ -284,13 +281,6 @@ class NestedCRP(dist.Distribution):
 
 
 # ------------------------------------------------------------------------- the generative program
-def _log_dirichlet(key, log_conc):
-    """``log`` of a Dirichlet draw with concentrations ``exp(log_conc)`` (``−inf`` = zero weight)."""
-    lg = jax.random.loggamma(key, jnp.exp(log_conc))
-    lg = jnp.where(jnp.isfinite(log_conc), lg, -jnp.inf)
-    return lg - jax.scipy.special.logsumexp(lg, axis=-1, keepdims=True)
-
-
 def nested_hdp_model(
     X: Any = None,
     *,
@@ -363,10 +353,6 @@ def simulate(
     :class:`~jaxbnp.errors.CapacityError` when ``component_capacity``
     sticks did not bring the root's rest below ``truncation`` (paper §4.1).
     """
-    from numpyro import handlers
-
-    from ..errors import CapacityError
-
     if int(num_points) < 1:
         raise ValueError(f"num_points must be >= 1, got {num_points}.")
     model = handlers.seed(nested_hdp_model, key)

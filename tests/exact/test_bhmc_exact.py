@@ -8,7 +8,7 @@
 2. Geweke "getting it right" (N = 4, L = 2, D = 1): chains started from the
    NumPyro program's forward draws that alternate ``x ~ p(x | c, θ)`` and one
    sweep (path MH, Gibbs on ``c``, eq. 5; the eqs. 3–4 update of ``β`` is off,
-   see ``jaxbnp/inference/bhmc.py`` on its exactness) stay at the prior.
+   see ``jaxbnp/inference/bhmc/sampler.py`` on its exactness) stay at the prior.
    Each chain contributes its state after ``NUM_SWEEPS`` sweeps (independent
    draws), compared with forward draws disjoint from the starting states: numbers of occupied first-level nodes, leaves
    and components, whether points 0 and 1 share a leaf (chi-square), the mean
@@ -146,7 +146,7 @@ def make_geweke_run():
             s = carry
             kx, ks = jax.random.split(k)
             x = s.theta[s.c] + jnp.sqrt(0.3) * jax.random.normal(kx, (N, D), s.theta.dtype)
-            s = bhmc.sweep(ks, s, x, MODEL, CONFIG)
+            s, _ = bhmc.step(ks, s, x, MODEL, CONFIG)
             return s, statistics(s, x)
 
         _, stats_trace = jax.lax.scan(body, state, jax.random.split(key, NUM_SWEEPS))
@@ -195,7 +195,7 @@ def test_geweke_power_dropped_proposal_ratio(geweke_setup, monkeypatch):
     def broken(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back):
         return (lik_new + prior_new) - (lik_old + prior_old)  # the nCRP proposal ratio dropped
 
-    monkeypatch.setattr(bhmc, "_log_acceptance", broken)
+    monkeypatch.setattr(bhmc, "log_acceptance", broken)
     chain = make_geweke_run()(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
     pvals = compare(forward, chain)
     print("Geweke p-values, broken kernel:", pvals)

@@ -1,6 +1,6 @@
 """BHMC sampler (Huang et al., Algorithm 2): MH on paths, Gibbs on components, β and θ updates.
 
-docs/mathematics.md §6, model in :mod:`jaxbnp.models.nested`. One :func:`sweep` visits the
+docs/mathematics.md §6, model in :mod:`jaxbnp.models.nested`. One :func:`step` (a sweep) visits the
 points in a random order (paper: ``Shuffled(X)``) and for point ``n``
 
 1. cleans up ``c_n`` and ``v_n``: removes ``n`` from its component (a
@@ -50,12 +50,15 @@ Deviations and exactness (say so, docs/mathematics.md §0):
 Arrays: ``node_capacity`` node slots (node ``0`` the root) and
 ``component_capacity`` component slots. Running out of either sets
 ``overflow`` (the move that needed the slot is not made) and
-:func:`fit_bhmc` raises :class:`~jaxbnp.inference.partition.clusters.CapacityError`
+:func:`fit_bhmc` raises :class:`~jaxbnp.errors.CapacityError`
 naming the option to raise: nothing is dropped silently.
 
-Kernel pattern: ``init(key, X, model, config) -> BHMCState`` and
-``sweep(key, state, X, model, config) -> BHMCState`` are pure and jittable;
-chains are ``jax.vmap`` over keys; :func:`fit_bhmc` is the one-call entry.
+Kernel contract (BlackJAX's): ``init(key, X, hyper, model, config) -> BHMCState`` and
+``step(key, state, X, model, config) -> (BHMCState, BHMCInfo)`` are pure and
+jittable, the per-sweep move counts in :class:`BHMCInfo`. :class:`BHMCKernel`
+is the NumPyro ``MCMCKernel`` over them (its whole state in
+:class:`BHMCKernelState`); :func:`fit_bhmc` is the one-call entry, sampling
+through :func:`jaxbnp.inference.runner.run`.
 
 Example
 -------
@@ -79,15 +82,45 @@ import numpy as np
 from jax import lax
 from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import logsumexp
+from numpyro.infer.mcmc import MCMCKernel
+from numpyro.util import is_prng_key
 
+from ..._cache import auto_enable
 from ..._validation import check_data, check_int
-from ...models.nested import NestedHDP, _path_log_prior_table, check_covariance, sample_ncrp
-from ..partition.clusters import CapacityError
+from ...errors import CapacityError
+from ...models.nested import (
+    NestedHDP,
+    check_covariance,
+    path_log_prior_table,
+    sample_ncrp,
+    tree_from_paths,
+)
+from ..runner import run
 
 __all__ = [
-    "BHMCConfig", "BHMCModel", "BHMCState", "make_model", "init", "sweep", "point_update",
-    "update_beta", "update_theta", "update_hyperparameters", "complete_log_likelihood",
-    "state_from_simulation", "BHMCFit", "fit_bhmc", "labels_at_level", "FAST_COMPILE",
+    "FAST_COMPILE",
+    "BHMCConfig",
+    "BHMCFit",
+    "BHMCHyper",
+    "BHMCInfo",
+    "BHMCKernel",
+    "BHMCKernelState",
+    "BHMCModel",
+    "BHMCState",
+    "HyperInfo",
+    "PointInfo",
+    "complete_log_likelihood",
+    "fit_bhmc",
+    "init",
+    "labels_at_level",
+    "log_acceptance",
+    "make_model",
+    "point_update",
+    "state_from_simulation",
+    "step",
+    "update_beta",
+    "update_hyperparameters",
+    "update_theta",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -132,9 +165,9 @@ class BHMCState(NamedTuple):
     tree). log_beta: ``(M, K + 1)`` log weights (last column the rest).
     node_comp: ``(M, K)`` int32 ``N_zk``. c: ``(N,)`` component slots.
     comp_active: ``(K,)``. theta: ``(K, D)``. alpha, gamma0, gamma: the
-    hyperparameters. overflow: a slot was needed while all were used.
-    accepted: path proposals accepted in the last sweep. log_lik: the
-    complete-data log likelihood ``log p(X, c, V | B, θ)`` after the sweep.
+    hyperparameters. overflow: a slot was needed while all were used (sticky).
+    log_lik: the complete-data log likelihood ``log p(X, c, V | B, θ)`` of
+    this state (:func:`complete_log_likelihood`).
     """
 
     paths: jax.Array
@@ -150,8 +183,43 @@ class BHMCState(NamedTuple):
     gamma0: jax.Array
     gamma: jax.Array
     overflow: jax.Array
-    accepted: jax.Array
     log_lik: jax.Array
+
+
+class BHMCHyper(NamedTuple):
+    """The starting hyperparameters ``α, γ0, γ`` as arrays (what :func:`init` reads of a
+    :class:`~jaxbnp.models.nested.NestedHDP`; a pytree, so it can be a traced argument)."""
+
+    alpha: jax.Array
+    gamma0: jax.Array
+    gamma: jax.Array
+
+
+class PointInfo(NamedTuple):
+    """What :func:`point_update` did. accepted: ``()`` bool, the path proposal was accepted."""
+
+    accepted: jax.Array
+
+
+class HyperInfo(NamedTuple):
+    """What :func:`update_hyperparameters` did. accepted: ``(3,)`` bool, the MH moves of
+    ``α, γ0, γ`` were accepted."""
+
+    accepted: jax.Array
+
+
+class BHMCInfo(NamedTuple):
+    """What one :func:`step` did (docs/mathematics.md §6).
+
+    num_accepted: ``()`` int32 path proposals accepted. num_proposed: ``()``
+    int32 path proposals made (one per point, ``N``). hyper_accepted: ``(3,)``
+    bool, the MH moves of ``α, γ0, γ`` accepted (all ``False`` when
+    ``update_hyper`` is off).
+    """
+
+    num_accepted: jax.Array
+    num_proposed: jax.Array
+    hyper_accepted: jax.Array
 
 
 # ------------------------------------------------------------------------------ model constants
@@ -245,14 +313,16 @@ def _ncrp_log_prob(full, count_minus, alpha):
     return jnp.sum(log_num - jnp.log(cm[:-1] + alpha))
 
 
-def _log_acceptance(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back):
+def log_acceptance(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back):
     """Paper §4.1: ``log A = [log p(x|v') + log p(V')] − [log p(x|v) + log p(V)] + log q(v|·) − log q(v'|·)``."""
     return (lik_new + prior_new) - (lik_old + prior_old) + (q_back - q_fwd)
 
 
 # ------------------------------------------------------------------------------ point update
-def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConfig) -> BHMCState:
+def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConfig) -> tuple[BHMCState, PointInfo]:
     """Steps 1–3 of the module docstring for point ``n``: clean up, MH on the path, Gibbs on ``c_n``.
+
+    docs/mathematics.md §6. Returns the new state and a :class:`PointInfo`.
 
     Compile time: all discrete randomness comes from one ``uniform`` call and
     the Gamma draws from one ``loggamma`` call site per level loop.
@@ -320,7 +390,7 @@ def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConf
     q_back = _ncrp_log_prob(old, count_minus, alpha)
     # p(V') / p(V) = nCRP(v'|V∖v_n) / nCRP(v|V∖v_n) (exchangeability; docs/mathematics.md §6 prior)
     prior_new, prior_old = _ncrp_log_prob(prop, count_minus, alpha), q_back
-    log_a = _log_acceptance(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back)
+    log_a = log_acceptance(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back)
     accept = (log_u_acc < log_a) & ~node_overflow
 
     write = accept & new_flags
@@ -370,15 +440,19 @@ def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConf
     k_new = jnp.where(wants_new, jnp.where(comp_overflow, fallback, slot), choice).astype(jnp.int32)
     node_comp = node_comp.at[cur, k_new].add(1)
     c = state.c.at[n].set(k_new)
-    return state._replace(
+    state = state._replace(
         paths=paths, parent=parent, depth=depth, count=count, log_beta=lb, node_comp=node_comp, c=c,
-        comp_active=comp_active, theta=theta, overflow=state.overflow | node_overflow | comp_overflow,
-        accepted=state.accepted + accept.astype(jnp.int32))
+        comp_active=comp_active, theta=theta, overflow=state.overflow | node_overflow | comp_overflow)
+    return state, PointInfo(accept)
 
 
 # ------------------------------------------------------------------------------ global updates
 def update_beta(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
-    """Eqs. 3–4 top down: ``β_root ~ Dir(N_1..N_K, γ0)``, ``β_z' ~ Dir(N_z'k + γβ_zk, γβ*_z)``."""
+    """Eqs. 3–4 top down: ``β_root ~ Dir(N_1..N_K, γ0)``, ``β_z' ~ Dir(N_z'k + γβ_zk, γβ*_z)``.
+
+    docs/mathematics.md §6. A draw of ``B`` given the rest (no statistics to report, so it
+    returns the state alone).
+    """
     K, L = config.component_capacity, config.depth
     ftype = state.log_beta.dtype
     nk = state.node_comp.astype(ftype)
@@ -405,6 +479,7 @@ def update_beta(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
 def update_theta(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> BHMCState:
     """Eq. 5: ``μ_k | X, c ~ N(Σ̃_k(Σ0⁻¹μ0 + Σ⁻¹ Σ_{c_n=k} x_n), Σ̃_k)``, ``Σ̃_k = (Σ0⁻¹ + N_k Σ⁻¹)⁻¹``.
 
+    docs/mathematics.md §6. An exact conditional draw (returns the state alone).
     Inactive slots get prior draws (never used).
     """
     K = config.component_capacity
@@ -424,11 +499,12 @@ def update_theta(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig)
 
 
 def complete_log_likelihood(state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> jax.Array:
-    """``log p(X, c, V | B, θ) = Σ_n [log f(x_n; θ_{c_n}) + log β_{v_nL, c_n}] + log p(V | α)``."""
+    """``log p(X, c, V | B, θ) = Σ_n [log f(x_n; θ_{c_n}) + log β_{v_nL, c_n}] + log p(V | α)``
+    (docs/mathematics.md §6)."""
     leaf = state.paths[:, -1]
     log_f = _mvn_logpdf(X, state.theta[state.c], model.chol_sigma)
     log_w = state.log_beta[leaf, state.c]
-    log_v = _path_log_prior_table(state.parent, state.depth, state.count, state.alpha, config.depth)
+    log_v = path_log_prior_table(state.parent, state.depth, state.count, state.alpha, config.depth)
     return jnp.sum(log_f + log_w) + log_v
 
 
@@ -440,8 +516,10 @@ def _log_dir_density(log_x, log_conc):
     return lax.lgamma(jnp.sum(jnp.where(ok, conc, 0.0), -1)) + jnp.sum(terms, -1)
 
 
-def update_hyperparameters(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
+def update_hyperparameters(key, state: BHMCState, config: BHMCConfig) -> tuple[BHMCState, HyperInfo]:
     """Random-walk MH on ``log α``, ``log γ0``, ``log γ`` (priors ``Ga(3,1)``, ``Ga(3.5,1)``, ``Unif(0,1.5)``).
+
+    docs/mathematics.md §6. Returns the new state and a :class:`HyperInfo`.
 
     Targets: ``α`` the path prior ``p(V | α)``; ``γ0`` the CRP(``γ0``) partition
     probability of ``c`` (the Pólya-urn view of eq. 3); ``γ`` the densities
@@ -455,10 +533,11 @@ def update_hyperparameters(key, state: BHMCState, config: BHMCConfig) -> BHMCSta
     def mh(k_prop, k_u, value, log_target):
         prop = value * jnp.exp(step * jax.random.normal(k_prop, (), ftype))
         log_r = log_target(prop) - log_target(value) + jnp.log(prop) - jnp.log(value)
-        return jnp.where(jnp.log(jax.random.uniform(k_u, (), ftype)) < log_r, prop, value)
+        accept = jnp.log(jax.random.uniform(k_u, (), ftype)) < log_r
+        return jnp.where(accept, prop, value), accept
 
     def target_alpha(a):
-        return (_path_log_prior_table(state.parent, state.depth, state.count, a, L)
+        return (path_log_prior_table(state.parent, state.depth, state.count, a, L)
                 + 2.0 * jnp.log(a) - a)
 
     nk = state.node_comp[0].astype(ftype)
@@ -477,30 +556,40 @@ def update_hyperparameters(key, state: BHMCState, config: BHMCConfig) -> BHMCSta
         dens = _log_dir_density(state.log_beta, jnp.log(g) + par)
         return jnp.where(g < 1.5, jnp.sum(jnp.where(live, dens, 0.0)), -jnp.inf)
 
-    alpha = mh(ks[0], ks[1], state.alpha, target_alpha)
-    gamma0 = mh(ks[2], ks[3], state.gamma0, target_gamma0)
-    gamma = mh(ks[4], ks[5], state.gamma, target_gamma)
-    return state._replace(alpha=alpha, gamma0=gamma0, gamma=gamma)
+    alpha, acc_alpha = mh(ks[0], ks[1], state.alpha, target_alpha)
+    gamma0, acc_gamma0 = mh(ks[2], ks[3], state.gamma0, target_gamma0)
+    gamma, acc_gamma = mh(ks[4], ks[5], state.gamma, target_gamma)
+    info = HyperInfo(jnp.stack([acc_alpha, acc_gamma0, acc_gamma]))
+    return state._replace(alpha=alpha, gamma0=gamma0, gamma=gamma), info
 
 
-def sweep(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> BHMCState:
-    """One iteration of Algorithm 2 (module docstring): every point, then ``B``, ``θ`` (and hyperparameters)."""
+def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tuple[BHMCState, BHMCInfo]:
+    """One sweep of Algorithm 2 (module docstring, docs/mathematics.md §6): every point in a
+    random order (:func:`point_update`), then ``B`` (:func:`update_beta`), ``θ``
+    (:func:`update_theta`) and, with ``update_hyper``, the hyperparameters.
+
+    Pure and jittable; returns the new state and a :class:`BHMCInfo`.
+    """
     n = X.shape[0]
     k_perm, k_points, k_beta, k_theta, k_hyper = jax.random.split(key, 5)
     order = jax.random.permutation(k_perm, n)
     point_keys = jax.random.split(k_points, n)
-    state = state._replace(accepted=jnp.zeros((), jnp.int32))
 
-    def body(i, s):
-        return point_update(point_keys[i], s, order[i], X, model, config)
+    def body(i, carry):
+        s, num_accepted = carry
+        s, info = point_update(point_keys[i], s, order[i], X, model, config)
+        return s, num_accepted + info.accepted.astype(jnp.int32)
 
-    state = lax.fori_loop(0, n, body, state)
+    state, num_accepted = lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.int32)))
     if config.update_beta:
         state = update_beta(k_beta, state, config)
     state = update_theta(k_theta, state, X, model, config)
+    hyper_accepted = jnp.zeros(3, bool)
     if config.update_hyper:
-        state = update_hyperparameters(k_hyper, state, config)
-    return state._replace(log_lik=complete_log_likelihood(state, X, model, config))
+        state, hyper_info = update_hyperparameters(k_hyper, state, config)
+        hyper_accepted = hyper_info.accepted
+    state = state._replace(log_lik=complete_log_likelihood(state, X, model, config))
+    return state, BHMCInfo(num_accepted, jnp.asarray(n, jnp.int32), hyper_accepted)
 
 
 # ------------------------------------------------------------------------------ initial states
@@ -524,8 +613,6 @@ def _crp_labels(key, n, gamma0, capacity):
 
 def _assemble(paths, c, theta, log_beta, alpha, gamma0, gamma, X, model, config, overflow=False):
     M, K = config.node_capacity, config.component_capacity
-    from ...models.nested import tree_from_paths
-
     parent, depth, count = tree_from_paths(paths, M)
     full = jnp.concatenate([jnp.zeros((paths.shape[0], 1), jnp.int32), paths], axis=1)
     node_comp = jnp.zeros((M, K), jnp.int32).at[full, c[:, None]].add(1)
@@ -535,13 +622,15 @@ def _assemble(paths, c, theta, log_beta, alpha, gamma0, gamma, X, model, config,
         paths=paths, parent=parent, depth=depth, count=count, log_beta=log_beta, node_comp=node_comp,
         c=c, comp_active=comp_active, theta=theta, alpha=jnp.asarray(alpha, ftype),
         gamma0=jnp.asarray(gamma0, ftype), gamma=jnp.asarray(gamma, ftype),
-        overflow=jnp.asarray(overflow), accepted=jnp.zeros((), jnp.int32), log_lik=jnp.zeros((), ftype))
+        overflow=jnp.asarray(overflow), log_lik=jnp.zeros((), ftype))
     return state
 
 
 def init(key, X, hyper: NestedHDP, model: BHMCModel, config: BHMCConfig) -> BHMCState:
     """A starting state: paths from the nCRP prior, components from a CRP(``γ0``), then eqs. 3–5.
 
+    docs/mathematics.md §6. ``hyper``: anything with ``alpha``, ``gamma0``, ``gamma``
+    (a :class:`~jaxbnp.models.nested.NestedHDP` or a :class:`BHMCHyper`).
     The nCRP ids are in creation order (``< N L + 1``); a tree with more nodes
     than ``node_capacity`` or more than ``component_capacity`` components
     sets ``overflow``.
@@ -595,6 +684,109 @@ def state_from_simulation(sim: dict, hyper: NestedHDP, X, model: BHMCModel, conf
     return state._replace(log_lik=complete_log_likelihood(state, X, model, config))
 
 
+# ------------------------------------------------------------------------------ NumPyro kernel
+class BHMCKernelState(NamedTuple):
+    """State of :class:`BHMCKernel` (one chain, or chains on the leading axis).
+
+    sample: the chain's :class:`BHMCState`. info: the :class:`BHMCInfo` of the
+    last step (no moves after ``init``). best: the state with the highest
+    ``log_lik`` among the post-warm-up iterations so far (``log_lik = −inf``
+    before the first). rng_key: the chain's run key ``k_run``. chain: ``()``
+    int32, the chain's index in its run. iteration: ``()`` int32, steps done.
+    num_warmup: ``()`` int32. Step ``i`` uses the key
+    ``fold_in(fold_in(rng_key, i), chain)``.
+    """
+
+    sample: BHMCState
+    info: BHMCInfo
+    best: BHMCState
+    rng_key: jax.Array
+    chain: jax.Array
+    iteration: jax.Array
+    num_warmup: jax.Array
+
+
+class BHMCKernel(MCMCKernel):
+    """NumPyro ``MCMCKernel`` over the pure :func:`init` and :func:`step` (docs/mathematics.md §6).
+
+    :param config: the static settings, a :class:`BHMCConfig`.
+
+    ``model_args = (X, model, hyper)``: the data ``(N, D)``, the model
+    constants (:func:`make_model`) and the starting ``α, γ0, γ``
+    (:class:`BHMCHyper`); ``model_kwargs`` are not used.
+
+    Keys: chain ``chain`` of the run keyed ``key`` starts from
+    ``init(fold_in(k_init, chain), ...)`` and takes step ``i`` with
+    ``fold_in(fold_in(k_run, i), chain)``, where ``k_init, k_run = split(key)``.
+    By default ``key`` is the ``rng_key`` passed to :meth:`init` and ``chain``
+    is ``0``; ``init_params={"rng_key": key, "chain": c}`` (a leading chain axis
+    on both when chains are batched) sets them, so that chains ``0..C−1`` with
+    the same ``key`` are the chains of :func:`fit_bhmc`. A batch of keys (what
+    ``MCMC(..., chain_method="vectorized")`` and
+    :func:`jaxbnp.inference.runner.run` pass) initialises the chains under
+    ``jax.vmap`` and steps them one after another (``lax.map``: under ``vmap``
+    every ``lax.cond`` of the sweep would run both branches).
+
+    A chain whose state has overflowed (a slot was needed while all were used)
+    stops moving, and :meth:`overflowed` says so of a state: the run must be
+    discarded (:func:`fit_bhmc` raises :class:`~jaxbnp.errors.CapacityError`).
+    Everything a step needs is in the state or the arguments.
+    """
+
+    sample_field = "sample"
+
+    def __init__(self, config: BHMCConfig):
+        if not isinstance(config, BHMCConfig):
+            raise TypeError(f"BHMCKernel(config): config must be a BHMCConfig, got {type(config).__name__}.")
+        self.config = config
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        X, model, hyper = model_args
+        params = dict(init_params or {})
+        batched = not is_prng_key(rng_key)
+        run_key = params.get("rng_key", rng_key)
+        chain = params.get("chain", jnp.zeros(jnp.shape(rng_key)[:1] if batched else (), jnp.int32))
+        config = self.config
+
+        def init_one(key, chain):
+            k_init, k_run = jax.random.split(key)
+            state = init(jax.random.fold_in(k_init, chain), X, hyper, model, config)
+            best = state._replace(log_lik=jnp.asarray(-jnp.inf, state.log_lik.dtype))
+            return BHMCKernelState(state, _no_moves(X.shape[0]), best, k_run, jnp.asarray(chain, jnp.int32),
+                                   jnp.zeros((), jnp.int32), jnp.asarray(num_warmup, jnp.int32))
+
+        return jax.vmap(init_one)(run_key, chain) if batched else init_one(run_key, chain)
+
+    def sample(self, state, model_args, model_kwargs):
+        X, model, _ = model_args
+        if jnp.ndim(state.iteration) == 0:
+            return self._sample_one(state, X, model)
+        return lax.map(lambda s: self._sample_one(s, X, model), state)
+
+    def _sample_one(self, ks: BHMCKernelState, X, model) -> BHMCKernelState:
+        key = jax.random.fold_in(jax.random.fold_in(ks.rng_key, ks.iteration), ks.chain)
+        sample, info = lax.cond(
+            ks.sample.overflow,
+            lambda s: (s, _no_moves(X.shape[0])),
+            lambda s: step(key, s, X, model, self.config),
+            ks.sample)
+        better = (ks.iteration >= ks.num_warmup) & (sample.log_lik > ks.best.log_lik)
+        best = jax.tree.map(lambda a, b: jnp.where(better, a, b), sample, ks.best)
+        return ks._replace(sample=sample, info=info, best=best, iteration=ks.iteration + 1)
+
+    def overflowed(self, state: BHMCKernelState) -> bool:
+        """Whether a chain of ``state`` ran out of node or component slots (host side)."""
+        return bool(np.any(np.asarray(state.sample.overflow)))
+
+    def get_diagnostics_str(self, state: BHMCKernelState) -> str:
+        rate = np.asarray(state.info.num_accepted) / np.maximum(np.asarray(state.info.num_proposed), 1)
+        return f"path acceptance {float(np.mean(rate)):.2f}"
+
+
+def _no_moves(n: int) -> BHMCInfo:
+    return BHMCInfo(jnp.zeros((), jnp.int32), jnp.asarray(n, jnp.int32), jnp.zeros(3, bool))
+
+
 # ------------------------------------------------------------------------------ labels and fit_bhmc
 def labels_at_level(paths: Any, level: int) -> np.ndarray:
     """Compact labels ``0..k−1`` of the nodes at depth ``level`` (``1..L``) of paths ``(N, L)``."""
@@ -605,7 +797,8 @@ def labels_at_level(paths: Any, level: int) -> np.ndarray:
 
 
 class BHMCFit(NamedTuple):
-    """Result of :func:`fit_bhmc` (the best sample = the highest complete-data log likelihood).
+    """Result of :func:`fit_bhmc` (docs/mathematics.md §6; the best sample = the highest complete-data
+    log likelihood).
 
     paths: ``(N, L)`` node ids of the best sample. tree: ``(node_capacity,)``
     parent array of the best sample (``−1`` at the root and unused slots; use
@@ -653,21 +846,28 @@ def fit_bhmc(
     compiler_options: dict | str | None = "auto",
     heartbeat: Any = None,
 ) -> BHMCFit:
-    """Fit BHMC to ``X`` with ``num_chains`` vmapped chains of Algorithm 2 (docs/mathematics.md §6).
+    """Fit BHMC to ``X`` with ``num_chains`` chains of Algorithm 2 (docs/mathematics.md §6).
 
     Defaults from the data: ``mu0`` the mean of ``X``, ``Sigma0`` the diagonal
     of its variances, ``Sigma = Sigma0 / 20``. ``node_capacity`` defaults to
     ``min(N L + L + 1, 512)``, ``component_capacity`` to ``min(N, 64)``;
     running out raises :class:`CapacityError` naming the option. Validation
-    happens before anything is compiled. Same key, same draws; chain ``c``
-    draws exactly what a one-chain run would with the same ``key`` folded the
-    same way (chains are ``jax.vmap`` over per-chain keys). ``compiler_options``
+    happens before anything is compiled. The chains are :class:`BHMCKernel`'s,
+    run by :func:`jaxbnp.inference.runner.run`. Same key, same draws; chain
+    ``c`` draws exactly what a one-chain run would with the same ``key``
+    folded the same way (:class:`BHMCKernel`'s keys). ``compiler_options``
     go to ``jax.jit``; ``"auto"`` (default) uses :data:`FAST_COMPILE` (XLA
     backend optimisation off: compiles about 4x faster, runs about 5x slower)
     when ``N · (num_warmup + num_samples) · num_chains <= 20000`` point updates,
     where compile time dominates, and XLA's defaults otherwise. ``heartbeat``: a
-    ``jaxbnp._progress.Heartbeat`` ticked by ``num_chains`` after each sweep (the
-    CLI's progress lines); it changes no draw.
+    ``jaxbnp._progress.Heartbeat`` ticked by ``num_chains`` per sweep after
+    each compiled block of sweeps (the CLI's progress lines); it changes no draw.
+
+    ``samples["timing"]``: ``first_sweep_s`` the seconds to the end of the first
+    block of ``num_first_sweeps`` sweeps (one when there are at most
+    ``jaxbnp.inference.runner.PROGRESS_BLOCKS`` sweeps), compilation and
+    initialisation included; ``other_sweeps_s`` the seconds of the other
+    ``num_other_sweeps`` sweeps (the sampler's speed); ``num_chains``.
     """
     Xn = check_data(X)
     n, dim = Xn.shape
@@ -687,107 +887,74 @@ def fit_bhmc(
         M = check_int("node_capacity", node_capacity, depth + 2)
     K = min(n, 64) if component_capacity is None else check_int("component_capacity", component_capacity, 1)
     config = BHMCConfig(depth, M, K, bool(update_beta), bool(update_hyper), bool(paper_split))
-    model = make_model(hyper)
-    Xj = jnp.asarray(Xn, jnp.result_type(float))
+    ftype = jnp.result_type(float)
+    model_args = (jnp.asarray(Xn, ftype), make_model(hyper),
+                  BHMCHyper(*(jnp.asarray(v, ftype) for v in (hyper.alpha, hyper.gamma0, hyper.gamma))))
     if compiler_options == "auto":
         small = n * (num_warmup + num_samples) * num_chains <= 20000
         compiler_options = FAST_COMPILE if small else None
-    from ..._cache import auto_enable
-
     auto_enable()  # the persistent compilation cache (jaxbnp._cache)
-    init_fn, step_fn = _compiled_run(config, bool(store_samples), compiler_options)
-    k_init, k_run = jax.random.split(key)
-    chains = jnp.arange(num_chains)
-    state, best = init_fn(chains, k_init, Xj, model, hyper.alpha, hyper.gamma0, hyper.gamma)
-    if bool(np.any(np.asarray(state.overflow))):  # before compiling the sweep
+    if num_chains > 1:  # BHMCKernel's keys: chains 0..C-1 of the run keyed `key`
+        init_params = {"rng_key": jnp.broadcast_to(key, (num_chains,) + jnp.shape(key)),
+                       "chain": jnp.arange(num_chains, dtype=jnp.int32)}
+    else:
+        init_params = {"rng_key": key, "chain": jnp.zeros((), jnp.int32)}
+    clock = _SweepClock(heartbeat, num_chains)
+    t_start = time.perf_counter()
+    try:
+        result = run(
+            lambda _capacity: BHMCKernel(config), key, model_args, num_warmup=num_warmup,
+            num_samples=num_samples, num_chains=num_chains,
+            collect=_collect_draws if store_samples else _collect_summary, init_params=init_params,
+            progress_bar=False, heartbeat=clock, cache_key=("bhmc", config), compiler_options=compiler_options)
+    except CapacityError:
         raise CapacityError(
-            f"BHMC's initial tree or partition needs more slots (node_capacity={M}, component_capacity={K}); "
-            "pass a larger node_capacity= or component_capacity= to fit_bhmc.")
-    records = []
-    jax.block_until_ready(state)
-    t_first = t_start = time.perf_counter()
-    for i in range(num_warmup + num_samples):
-        state, new_best, out = step_fn(chains, state, best, k_run, jnp.int32(i), Xj, model)
-        if heartbeat is not None:
-            jax.block_until_ready(state)
-            heartbeat.tick(num_chains)
-        if i == 0:
-            jax.block_until_ready(state)
-            t_first = time.perf_counter()
-        if i >= num_warmup:
-            best = new_best
-            records.append(out)
-        elif bool(np.any(np.asarray(state.overflow))):
-            break
-    jax.block_until_ready(state)
-    t_end = time.perf_counter()
-    if not records:
-        records.append({"overflow": state.overflow})
-    extras = {k: np.stack([np.asarray(r[k]) for r in records], axis=1) for k in records[0]}
-    extras["overflow"] = np.asarray(extras["overflow"]).any() | bool(np.any(np.asarray(state.overflow)))
-    if bool(np.any(extras["overflow"])):
-        raise CapacityError(
-            f"BHMC ran out of slots (node_capacity={M}, component_capacity={K}); pass a larger "
-            "node_capacity= or component_capacity= to fit_bhmc.")
-    log_lik = extras.pop("log_lik")
+            f"BHMC needs more slots than node_capacity={M} or component_capacity={K} (for its initial "
+            "tree or partition, or for a move); pass a larger node_capacity= or component_capacity= "
+            "to fit_bhmc.") from None
+    samples = dict(result.samples)
+    log_lik = samples.pop("log_lik")
+    best = result.last_state.best
+    if num_chains == 1:
+        best = jax.tree.map(lambda a: a[None], best)
     best_chain = int(np.argmax(np.asarray(best.log_lik)))
     best = jax.tree.map(lambda a: a[best_chain], best)
     paths = np.asarray(best.paths)
     labels = np.stack([labels_at_level(paths, l) for l in range(1, depth + 1)])
     comps = np.unique(np.asarray(best.c), return_inverse=True)[1].reshape(-1).astype(np.int32)
     tree = np.where(np.asarray(best.count) > 0, np.asarray(best.parent), -1)
-    samples = {k: np.asarray(v) for k, v in extras.items() if k != "overflow"}
-    # wall time: the first sweep includes compilation; the others are the sampler's speed
-    samples["timing"] = {"first_sweep_s": t_first - t_start, "other_sweeps_s": t_end - t_first,
-                         "num_other_sweeps": num_warmup + num_samples - 1, "num_chains": num_chains}
+    first = clock.sweeps[0]
+    samples["timing"] = {"first_sweep_s": clock.times[0] - t_start, "num_first_sweeps": first,
+                         "other_sweeps_s": clock.times[-1] - clock.times[0],
+                         "num_other_sweeps": num_warmup + num_samples - first, "num_chains": num_chains}
     return BHMCFit(paths, tree, labels, comps, log_lik, best, samples, hyper)
 
 
-_RUN_CACHE: dict = {}
+def _collect_summary(ks: BHMCKernelState) -> dict:
+    """What :func:`fit_bhmc` keeps of each post-warm-up state (module level: the runner caches by it)."""
+    s, info = ks.sample, ks.info
+    depth = s.paths.shape[-1]
+    return {"log_lik": s.log_lik, "num_leaves": jnp.sum((s.count > 0) & (s.depth == depth), axis=-1),
+            "num_components": jnp.sum(s.comp_active, axis=-1),
+            "accept_rate": info.num_accepted / info.num_proposed}
 
 
-def _compiled_run(config: BHMCConfig, store_samples: bool, compiler_options: dict | None):
-    """``(init_fn, step_fn)``: ``jit(vmap(init))`` and ``jit(vmap(sweep + best tracking))``, cached.
-
-    The sweep is compiled once and called from a host loop for warm-up and
-    sampling alike (a ``lax.scan`` for each would compile it twice).
-    """
-    cache_key = (config, store_samples, tuple(sorted((compiler_options or {}).items())))
-    if cache_key in _RUN_CACHE:
-        return _RUN_CACHE[cache_key]
-
-    def init_one(chain, k_init, X, model, alpha, gamma0, gamma):
-        key = jax.random.fold_in(k_init, chain)
-        state = init(key, X, _HyperScalars(alpha, gamma0, gamma), model, config)
-        return state, state._replace(log_lik=jnp.asarray(-jnp.inf, state.log_lik.dtype))
-
-    def step_one(chain, state, best, k_run, i, X, model):
-        # chain c, iteration i uses fold_in(fold_in(k_run, i), c): same key -> same draws
-        key = jax.random.fold_in(jax.random.fold_in(k_run, i), chain)
-        s = sweep(key, state, X, model, config)
-        better = s.log_lik > best.log_lik
-        best = jax.tree.map(lambda a, b: jnp.where(better, a, b), s, best)
-        out = {"log_lik": s.log_lik, "num_leaves": jnp.sum((s.count > 0) & (s.depth == config.depth)),
-               "num_components": jnp.sum(s.comp_active), "accept_rate": s.accepted / X.shape[0],
-               "overflow": s.overflow}
-        if store_samples:
-            out["paths"], out["c"] = s.paths, s.c
-        return s, best, out
-
-    opts = {} if compiler_options is None else {"compiler_options": dict(compiler_options)}
-    init_fn = jax.jit(jax.vmap(init_one, in_axes=(0, None, None, None, None, None, None)), **opts)
-
-    def step_all(chains, state, best, k_run, i, X, model):
-        # chains one after another (lax.map), not vmapped: under vmap every lax.cond of the
-        # sweep runs both branches (the new-component branch for every point); same draws
-        return lax.map(lambda a: step_one(a[0], a[1], a[2], k_run, i, X, model), (chains, state, best))
-
-    step_fn = jax.jit(step_all, **opts)
-    _RUN_CACHE[cache_key] = (init_fn, step_fn)
-    return init_fn, step_fn
+def _collect_draws(ks: BHMCKernelState) -> dict:
+    """:func:`_collect_summary` and the draws ``paths``, ``c``."""
+    return {**_collect_summary(ks), "paths": ks.sample.paths, "c": ks.sample.c}
 
 
-class _HyperScalars(NamedTuple):
-    alpha: Any
-    gamma0: Any
-    gamma: Any
+class _SweepClock:
+    """The runner's heartbeat: the time after each compiled block, passed on to ``heartbeat``
+    ticked by ``num_chains`` per sweep."""
+
+    def __init__(self, heartbeat: Any, num_chains: int):
+        self.heartbeat, self.num_chains = heartbeat, num_chains
+        self.times: list = []
+        self.sweeps: list = []
+
+    def tick(self, n: int = 1) -> None:
+        self.times.append(time.perf_counter())
+        self.sweeps.append(int(n))
+        if self.heartbeat is not None:
+            self.heartbeat.tick(int(n) * self.num_chains)
