@@ -67,7 +67,7 @@ from .mcmc import DDTInfo, DDTState, DiffusionTreeMCMC, Hyperpriors, select_stat
 
 __all__ = [
     "ExchangeInfo", "PopulationInfo", "Detached", "detach_leaves", "candidate_log_likelihoods",
-    "insert_leaves", "exchange", "exchange_step", "step", "PopulationDDT", "PopulationDDTState",
+    "insert_leaves", "exchange", "exchange_step", "init", "step", "PopulationDDT", "PopulationDDTState",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -349,6 +349,18 @@ def exchange_step(
     accepted = jnp.zeros(num, bool).at[a].set(info.accepted).at[b].set(info.accepted)
     log_ratio = jnp.full(num, -jnp.inf, info.log_ratio.dtype).at[a].set(info.log_ratio).at[b].set(info.log_ratio)
     return chains, ExchangeInfo(accepted, log_ratio)
+
+
+def init(trees: Tree, X: Any, c: Any, sigma: Any, noise: Any = 0.0) -> DDTState:
+    """States of ``K`` chains: :func:`jaxbnp.inference.trees.mcmc.init` on each, a leading axis ``K``.
+
+    ``trees``: a :class:`~jaxbnp.models.ddt.Tree` batch ``(K, …)``; ``X``: ``(n, D)``
+    shared or ``(K, n, D)``; ``c``, ``sigma``, ``noise``: scalars or ``(K,)``.
+    """
+    num, dtype = trees.time.shape[0], trees.time.dtype
+    X = jnp.asarray(X, dtype)
+    c, sigma, noise = (jnp.broadcast_to(jnp.asarray(v, dtype), (num,)) for v in (c, sigma, noise))
+    return jax.vmap(mcmc.init, in_axes=(0, 0 if X.ndim == 3 else None, 0, 0, 0))(trees, X, c, sigma, noise)
 
 
 def step(
