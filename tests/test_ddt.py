@@ -19,7 +19,8 @@ from scipy import stats
 
 from jaxbnp.inference.trees import mcmc as ddt_mcmc
 from jaxbnp.inference.trees import population as pop
-from jaxbnp.inference.trees.mcmc import DiffusionTreeMCMC, fit_ddt
+from jaxbnp.inference.trees.fit import fit_ddt
+from jaxbnp.inference.trees.mcmc import DiffusionTreeMCMC
 from jaxbnp.inference.trees.population import PopulationDDT
 from jaxbnp.models import ddt
 from jaxbnp.models.ddt import BrownianLeaves, DiffusionTree
@@ -88,7 +89,7 @@ def test_leaf_subtree_moves_are_metropolis_hastings_on_the_data_term():
     tree = _tree(n, 1)
     X = np.random.default_rng(1).normal(size=(n, 2))
     state = _init(tree, X, 1.3, 1.0, 0.2)
-    proposal = jit(ddt_mcmc._subtree_proposal)
+    proposal = jit(ddt_mcmc.subtree_proposal)
     checked = 0
     for seed in range(40):
         unif = jax.random.uniform(jax.random.key(seed), (n + 1, 2))
@@ -112,9 +113,9 @@ def _same_tree(a, b):
             and np.array_equal(np.sort(np.asarray(a.children), 1), np.sort(np.asarray(b.children), 1)))
 
 
-_detach_leaves = jit(pop._detach_leaves)
-_insert_leaves = jit(pop._insert_leaves)
-_attach = jit(ddt._attach)
+_detach_leaves = jit(pop.detach_leaves)
+_insert_leaves = jit(pop.insert_leaves)
+_attach = jit(ddt.attach)
 _partial_log_likelihood = jit(lambda t, X, r, a: ddt.log_likelihood(t, X, 1.1, 0.3, root=r, active=a))
 
 
@@ -149,7 +150,7 @@ def test_exchange_candidates_replay_and_reversibility():
     leaves = jnp.array([4, 1, 3], jnp.int32)
     det = _detach_leaves(t1, leaves)
     # the closed-form candidate data terms equal the data term of each attached tree
-    candidates = jit(pop._candidate_log_likelihoods)
+    candidates = jit(pop.candidate_log_likelihoods)
     i, w = int(leaves[0]), int(det.freed[0])
     for d in (0.1, 0.5, 0.93):
         cand = candidates(det.tree, det.root, det.in_tree, X, 1.1, 0.3, i, d)

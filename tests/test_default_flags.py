@@ -13,7 +13,7 @@ with float64 and XLA's default flags, on an AVX-512 CPU, the process died in
 compilation with ``LLVM ERROR: Cannot select: ... v8i32 = X86ISD::SUBV_BROADCAST_LOAD
 ... In function: broadcast_divide_fusion`` (``fit_ddt`` on 4 points with 8 chains,
 as in ``tests/exact/test_ddt_exact.py::test_population_posterior_matches_importance_sampling``).
-The computation: ``population._candidate_log_likelihoods`` zeroed the root's
+The computation: ``population.candidate_log_likelihoods`` zeroed the root's
 outside message with ``where(arange(2n − 1) == root, 0, w)``; vmapped over the 4
 exchange pairs, with ``2n − 1 = 7``, XLA fused that mask (an int32 root per row
 against an iota over the 7 nodes) into the loop computing ``1 / (A + B)`` of the
@@ -33,7 +33,7 @@ float32, nor an int64 ``root`` argument, nor the mask followed by a single add):
 ``test_xla_reproducer`` runs it beside the library's form (a scatter), which must
 compile; the masked form may only succeed or die of that LLVM error. The smallest library call that aborted is
 ``population.exchange_step`` on 8 chains of 4 leaves in float64 (a lone vmapped
-``_candidate_log_likelihoods`` did not: the fusion needs the exchange's loops).
+``candidate_log_likelihoods`` did not: the fusion needs the exchange's loops).
 ``test_population_exchange_compiles`` runs it and the exact test's ``fit_ddt`` call.
 
 ``test_every_sampler_and_estimator``: every public kernel (``CollapsedGibbs``,
@@ -74,7 +74,7 @@ import sys, jax, jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
 if sys.argv[1] == "mask":  # XLA's bug: aborts on AVX-512 CPUs with jax/jaxlib 0.10.2
     f = lambda root, w, x, y: jnp.where(jnp.arange(7) == root[:, None], 0.0, w) + x + y
-else:  # the library's form of the same computation (population._candidate_log_likelihoods)
+else:  # the library's form of the same computation (population.candidate_log_likelihoods)
     f = lambda root, w, x, y: jax.vmap(lambda r, ww: ww.at[r].set(0.0))(root, w) + x + y
 print(float(jax.jit(f)(jnp.zeros(4, jnp.int32), *3 * [jnp.ones((4, 7))]).sum()))  # 4 * (2 + 6 * 3)
 """
@@ -86,17 +86,18 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp, numpy as np, numpyro.distributions as dist
 from jaxbnp.inference.trees import mcmc as ddt_mcmc
 from jaxbnp.inference.trees import population
+from jaxbnp.inference.trees.fit import fit_ddt
 from jaxbnp.models import ddt
 X = jnp.array([[-0.7, -0.4], [-0.5, -0.8], [0.6, 0.5], [0.8, 0.3]])
 print("RUN population.exchange_step, 8 chains of 4 leaves", flush=True)
 trees = jax.vmap(lambda k: ddt.sample_tree(k, 1.0, 4))(jax.random.split(jax.random.key(0), 8))
 chains = jax.vmap(lambda t: ddt_mcmc.init(t, X, 1.0, 1.0, 0.3))(trees)
-new, accepted = jax.jit(population.exchange_step, static_argnums=3)(jax.random.key(1), chains, X, 2)
-assert accepted.shape == (8,) and np.isfinite(np.asarray(new.log_likelihood)).all()
+new, info = jax.jit(population.exchange_step, static_argnums=3)(jax.random.key(1), chains, X, 2)
+assert info.accepted.shape == (8,) and np.isfinite(np.asarray(new.log_likelihood)).all()
 print("RUN fit_ddt, 4 points, 8 chains, c and sigma sampled", flush=True)
-fit = ddt_mcmc.fit_ddt(X, num_chains=8, num_samples=20, num_warmup=10, key=jax.random.key(8), subset_size=2,
-                       c_prior=dist.LogNormal(0.0, 0.4), sigma_prior=dist.LogNormal(0.0, 0.3), noise=0.3,
-                       num_clusters=2)
+fit = fit_ddt(X, num_chains=8, num_samples=20, num_warmup=10, key=jax.random.key(8), subset_size=2,
+              c_prior=dist.LogNormal(0.0, 0.4), sigma_prior=dist.LogNormal(0.0, 0.3), noise=0.3,
+              num_clusters=2)
 assert fit.log_joint.shape == (8, 20) and np.isfinite(fit.log_joint).all()
 assert fit.log_joint.dtype == np.float64
 print("OK", flush=True)

@@ -69,8 +69,9 @@ __all__ = [
     "num_leaves", "root_of", "comb_tree", "check_tree",
     "log_divergence", "cumulative_divergence", "harmonic_numbers",
     "bottom_up_order", "subtree_sizes", "ancestor_mask",
-    "structure_log_prior", "log_likelihood", "log_joint_terms", "divergence_covariance",
-    "sample_attachment", "log_attachment_density", "sample_tree", "sample_leaves",
+    "structure_log_prior", "log_likelihood", "log_joint_terms", "log_joint_terms_and_sizes",
+    "divergence_covariance", "sample_attachment", "descend", "log_attachment_density",
+    "attach", "detach", "sample_tree", "sample_leaves",
     "cut_tree", "to_linkage",
 ]
 
@@ -323,12 +324,13 @@ def log_likelihood(
 @jax.jit
 def log_joint_terms(tree: Tree, X: jax.Array, c, sigma, noise=0.0) -> tuple[jax.Array, jax.Array]:
     """``(structure term, data term)`` with one ordering and one upward pass (docs/mathematics.md §5)."""
-    lp, ll, _ = _evaluate(tree, jnp.asarray(X), c, sigma, noise)
+    lp, ll, _ = log_joint_terms_and_sizes(tree, jnp.asarray(X), c, sigma, noise)
     return lp, ll
 
 
-def _evaluate(tree: Tree, X, c, sigma, noise):
-    """``(structure term, data term, subtree sizes)`` of a complete tree, one upward pass."""
+def log_joint_terms_and_sizes(tree: Tree, X, c, sigma, noise):
+    """``(structure term, data term, subtree sizes)`` of a complete tree, one upward pass
+    (docs/mathematics.md §5). Not jitted: the samplers call it inside their own programs."""
     order = bottom_up_order(tree)
     ll, sizes = _upward_pass(tree, X, sigma, noise, order, root_of(tree), jnp.ones(num_leaves(tree) - 1, bool))
     return structure_log_prior(tree, c, sizes), ll, sizes
@@ -366,11 +368,11 @@ def sample_attachment(
     """
     n = num_leaves(tree)
     # one batch of uniforms (a path visits at most n nodes): a single random call in the program
-    u, t, _ = _descend(jax.random.uniform(key, (n, 2), tree.time.dtype), tree, sizes, root, c)
+    u, t, _ = descend(jax.random.uniform(key, (n, 2), tree.time.dtype), tree, sizes, root, c)
     return u, t
 
 
-def _descend(unif, tree, sizes, root, c, clamp: bool = False):
+def descend(unif, tree, sizes, root, c, clamp: bool = False):
     """:func:`sample_attachment` driven by ``unif`` ``(n, 2)`` uniforms (row ``j`` at depth ``j``).
 
     Returns ``(u, t, path)`` with ``path`` the mask of the nodes the path went
@@ -437,8 +439,9 @@ def log_attachment_density(
     return jnp.where((t > tp_u) & (t < tree.time[u]), out, -jnp.inf)
 
 
-def _attach(tree: Tree, root, s, u, t, w) -> tuple[Tree, jax.Array]:
-    """Hang node ``s`` from a new node ``w`` at time ``t`` on the edge above ``u``."""
+def attach(tree: Tree, root, s, u, t, w) -> tuple[Tree, jax.Array]:
+    """Hang node ``s`` from a new node ``w`` at time ``t`` on the edge above ``u``; returns
+    ``(tree, root)``. The inverse of :func:`detach` (docs/mathematics.md §5)."""
     n = num_leaves(tree)
     parent, children, time = tree
     g = parent[u]
@@ -452,9 +455,10 @@ def _attach(tree: Tree, root, s, u, t, w) -> tuple[Tree, jax.Array]:
     return Tree(parent, children, time), root
 
 
-def _detach(tree: Tree, root, s) -> tuple[Tree, jax.Array, jax.Array, jax.Array]:
+def detach(tree: Tree, root, s) -> tuple[Tree, jax.Array, jax.Array, jax.Array]:
     """Cut the subtree at ``s`` off: its parent ``w`` is freed and its sibling ``u``
-    joins ``w``'s parent. Returns ``(tree, root, w, u)``; ``s`` keeps its subtree."""
+    joins ``w``'s parent. Returns ``(tree, root, w, u)``; ``s`` keeps its subtree
+    (docs/mathematics.md §5)."""
     n = num_leaves(tree)
     parent, children, time = tree
     w = parent[s]
@@ -495,9 +499,9 @@ def sample_tree(key: jax.Array, c: Any, num_points: int, dtype=None) -> Tree:
 
     def insert(i, carry):
         tree, sizes, root = carry
-        u, t, _ = _descend(unif[i], tree, sizes, root, c, clamp=True)
+        u, t, _ = descend(unif[i], tree, sizes, root, c, clamp=True)
         w = n + i - 1
-        tree, root = _attach(tree, root, i, u, t, w)
+        tree, root = attach(tree, root, i, u, t, w)
         sizes = sizes.at[w].set(sizes[u]).at[i].set(1)
         sizes = sizes + ancestor_mask(tree.parent, i).astype(jnp.int32)
         return tree, sizes, root

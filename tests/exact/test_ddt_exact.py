@@ -49,6 +49,7 @@ import pytest
 from scipy import stats
 
 from jaxbnp.inference.trees import mcmc as ddt_mcmc
+from jaxbnp.inference.trees.fit import fit_ddt
 from jaxbnp.inference.trees import population
 from jaxbnp.inference.trees.mcmc import Hyperpriors
 from jaxbnp.models import ddt
@@ -299,7 +300,7 @@ def test_within_chain_sampler_geweke(prior_draws, monkeypatch):
     p_wrong = _compare_to_prior(_within_chain_geweke(_geweke_run, start, wrong, 4), reference, ref_ll)
     assert p_wrong["c"] < 1e-6, p_wrong
     # power 2: a subtree move that drops log q(T|T') - log q(T'|T) fails on the tree statistics
-    monkeypatch.setattr(ddt_mcmc, "_proposal_log_ratio", lambda back, fwd: jnp.zeros_like(back))
+    monkeypatch.setattr(ddt_mcmc, "subtree_log_q_ratio", lambda back, fwd: jnp.zeros_like(back))
     broken = jax.jit(jax.vmap(lambda k, s, h: _geweke_iteration(k, s, h), in_axes=(0, 0, None)), compiler_options=FAST)
     p_broken = _compare_to_prior(_within_chain_geweke(broken, start, hyper, 4), reference, ref_ll)
     assert min(p_broken[k] for k in ("balance", "cherries", "root time", "mean time", "last time")) < 1e-6, p_broken
@@ -374,14 +375,14 @@ def importance_sampling_posterior(num=200_000, seed=7):
 
 
 def test_population_posterior_matches_importance_sampling():
-    """``PopulationDDT`` (through ``fit_ddt``: ``numpyro.infer.MCMC``, 8 vectorised chains,
+    """``PopulationDDT`` (through ``fit_ddt``: ``runner.run``, 8 vectorised chains,
     ``c`` and ``σ`` sampled) against self-normalised importance sampling from the prior."""
     post, ess, halves = importance_sampling_posterior()
     assert ess > 15_000
     assert halves < 0.015  # the reference's own Monte Carlo error is far inside the tolerance
     assert post.max() < 0.6  # not a degenerate check: the mass is spread over several topologies
     chains, samples = 8, 1500
-    fit = ddt_mcmc.fit_ddt(
+    fit = fit_ddt(
         X4, num_chains=chains, num_samples=samples, num_warmup=200, key=jax.random.key(8),
         subset_size=2, c_prior=C_PRIOR, sigma_prior=SIGMA_PRIOR, noise=NOISE, num_clusters=2,
     )

@@ -1,7 +1,8 @@
-"""Dirichlet diffusion trees: within-chain MCMC (``mcmc``) and population MCMC
-over vmapped chains (``population``)."""
+"""Dirichlet diffusion trees (docs/mathematics.md §5): within-chain MCMC (``mcmc``),
+population MCMC over vmapped chains (``population``) and the one-call fit (``fit``)."""
 
-from .mcmc import DDTFit, DiffusionTreeMCMC, fit_ddt
+from .fit import DDTFit, fit_ddt
+from .mcmc import DiffusionTreeMCMC
 from .population import PopulationDDT
 
 __all__ = ["DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt"]

@@ -36,10 +36,11 @@ randomness of a step comes from one ``jax.random.uniform`` call (each random
 call site costs compile time). Floating point: proposals whose times round
 onto a neighbour's (or onto 1) give trees off the support and are rejected.
 
-Kernel pattern: ``init(tree, X, c, sigma, noise) -> DDTState`` and
-``step(key, state, X, hyperpriors) -> (DDTState, DDTInfo)``.
-:class:`DiffusionTreeMCMC` wraps it as a NumPyro ``MCMCKernel``;
-:func:`fit_ddt` is the one-call entry point used by the CLI.
+Kernel pattern (BlackJAX's): ``init(tree, X, c, sigma, noise) -> DDTState`` and
+``step(key, state, X, hyperpriors) -> (DDTState, DDTInfo)``, NamedTuples of arrays.
+:class:`DiffusionTreeMCMC` wraps it as a NumPyro ``MCMCKernel`` whose state
+(:class:`DiffusionTreeMCMCState`) holds all it needs; the one-call entry point
+used by the CLI is :func:`jaxbnp.inference.trees.fit.fit_ddt`.
 
 Example
 -------
@@ -64,7 +65,6 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro.distributions as dist
 from jax import lax
 from numpyro.handlers import seed, substitute, trace
 from numpyro.util import is_prng_key
@@ -74,17 +74,16 @@ from ...models.ddt import (
     BrownianLeaves,
     DiffusionTree,
     Tree,
-    _attach,
-    _descend,
-    _detach,
-    _evaluate,
     ancestor_mask,
+    attach,
     bottom_up_order,
     check_tree,
     comb_tree,
-    cut_tree,
+    descend,
+    detach,
     harmonic_numbers,
     log_attachment_density,
+    log_joint_terms_and_sizes,
     log_likelihood,
     num_leaves,
     root_of,
@@ -94,8 +93,8 @@ from ..partition.kernels import DiscreteSiteKernel
 
 __all__ = [
     "Hyperpriors", "DDTState", "DDTInfo", "init", "step",
-    "subtree_move", "update_c", "update_sigma", "update_noise",
-    "DiffusionTreeMCMC", "DiffusionTreeMCMCState", "DDTFit", "fit_ddt",
+    "subtree_proposal", "subtree_log_q_ratio", "select_state", "map_chains",
+    "DiffusionTreeMCMC", "DiffusionTreeMCMCState",
 ]
 
 
@@ -138,21 +137,21 @@ def init(tree: Tree, X: Any, c: Any, sigma: Any, noise: Any = 0.0) -> DDTState:
     dtype = tree.time.dtype
     X = jnp.asarray(X, dtype)
     c, sigma, noise = (jnp.asarray(v, dtype) for v in (c, sigma, noise))
-    lp, ll, sizes = _evaluate(tree, X, c, sigma, noise)
+    lp, ll, sizes = log_joint_terms_and_sizes(tree, X, c, sigma, noise)
     return DDTState(tree, c, sigma, noise, lp, ll, sizes)
 
 
-def _select(pred, new, old):
+def select_state(pred, new, old):
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
 
 
 # ----------------------------------------------------------------------------- proposals
-def _proposal_log_ratio(log_q_back, log_q_fwd):
+def subtree_log_q_ratio(log_q_back, log_q_fwd):
     """``log q(T | T') − log q(T' | T)`` of the subtree move (a function so tests can break it)."""
     return log_q_back - log_q_fwd
 
 
-def _subtree_proposal(unif: jax.Array, state: DDTState):
+def subtree_proposal(unif: jax.Array, state: DDTState):
     """Detach a uniformly chosen non-root subtree and re-attach it where a new path
     would diverge from the rest (module docstring, step 1).
 
@@ -166,14 +165,14 @@ def _subtree_proposal(unif: jax.Array, state: DDTState):
     s = jnp.where(r < root, r, r + 1)  # uniform over the 2n-2 non-root nodes
     t_old = tree.time[tree.parent[s]]
     anc = ancestor_mask(tree.parent, s)  # includes the parent w that is freed
-    rest, root_rest, w, u = _detach(tree, root, s)
+    rest, root_rest, w, u = detach(tree, root, s)
     sizes_rest = sizes - sizes[s] * anc.astype(jnp.int32)
     anc_u = anc.at[w].set(False)  # u's ancestors in the rest are w's ancestors
-    u_new, t_new, path = _descend(unif[:n], rest, sizes_rest, root_rest, c)
+    u_new, t_new, path = descend(unif[:n], rest, sizes_rest, root_rest, c)
     log_q_back = log_attachment_density(rest, sizes_rest, root_rest, u, t_old, c, anc_u)
     log_q_fwd = log_attachment_density(rest, sizes_rest, root_rest, u_new, t_new, c, path)
-    new_tree, _ = _attach(rest, root_rest, s, u_new, t_new, w)
-    return new_tree, _proposal_log_ratio(log_q_back, log_q_fwd), t_new < tree.time[s]
+    new_tree, _ = attach(rest, root_rest, s, u_new, t_new, w)
+    return new_tree, subtree_log_q_ratio(log_q_back, log_q_fwd), t_new < tree.time[s]
 
 
 def _time_proposal(step: jax.Array, state: DDTState, j: jax.Array):
@@ -197,19 +196,11 @@ def _time_proposal(step: jax.Array, state: DDTState, j: jax.Array):
 
 
 def _metropolis(state: DDTState, X, proposal: Tree, log_q_ratio, valid, log_u):
-    lp, ll, sizes = _evaluate(proposal, X, state.c, state.sigma, state.noise)
+    lp, ll, sizes = log_joint_terms_and_sizes(proposal, X, state.c, state.sigma, state.noise)
     log_r = (lp + ll) - (state.log_prior + state.log_likelihood) + log_q_ratio
     ok = valid & (log_u < log_r)  # NaN -> reject
     new = state._replace(tree=proposal, log_prior=lp, log_likelihood=ll, sizes=sizes)
-    return _select(ok, new, state), ok
-
-
-def subtree_move(key: jax.Array, state: DDTState, X: jax.Array) -> tuple[DDTState, jax.Array]:
-    """One subtree (prune and re-attach) Metropolis-Hastings move; module docstring, step 1."""
-    n = num_leaves(state.tree)
-    unif = jax.random.uniform(key, (n + 2, 2), state.tree.time.dtype)
-    proposal, log_q, valid = _subtree_proposal(unif[: n + 1], state)
-    return _metropolis(state, jnp.asarray(X, state.tree.time.dtype), proposal, log_q, valid, jnp.log(unif[n + 1, 0]))
+    return select_state(ok, new, state), ok
 
 
 def _tree_moves(unif, state: DDTState, X, num_subtree_moves: int, step_size):
@@ -232,9 +223,9 @@ def _tree_moves(unif, state: DDTState, X, num_subtree_moves: int, step_size):
         state, acc_sub, acc_time = carry
         is_sub = i < num_subtree_moves
         j = jnp.clip(i - num_subtree_moves, 0, n - 2)
-        sub = _subtree_proposal(unif_sub[jnp.minimum(i, rows - 1)], state)
+        sub = subtree_proposal(unif_sub[jnp.minimum(i, rows - 1)], state)
         tim = _time_proposal(steps[j], state, j)
-        proposal, log_q, valid = _select(is_sub, sub, tim)
+        proposal, log_q, valid = select_state(is_sub, sub, tim)
         state, ok = _metropolis(state, X, proposal, log_q, valid, log_u[i])
         ok = ok.astype(jnp.int32)
         return state, acc_sub + ok * is_sub, acc_time + ok * (1 - is_sub)
@@ -310,10 +301,6 @@ def _slice_log(unif, prior, x0, term0, log_term, width=1.0):
     return jnp.exp(y).astype(dtype), term
 
 
-def _uniforms(key, state):
-    return jax.random.uniform(key, (_SLICE_UNIFORMS,), state.tree.time.dtype)
-
-
 def _c_statistic(tree: Tree, sizes: jax.Array) -> jax.Array:
     """``S = Σ_v (ℓ(t_v) − ℓ(t_p(v))) H_{m_v−1}``, ``ℓ(t) = −log(1−t)``: the structure
     term is ``(n−1) log c − c S + const``."""
@@ -325,12 +312,6 @@ def _c_statistic(tree: Tree, sizes: jax.Array) -> jax.Array:
     return jnp.sum((jnp.log1p(-tp) - jnp.log1p(-t)) * harm)
 
 
-def update_c(key: jax.Array, state: DDTState, prior) -> DDTState:
-    """Slice update of ``log c`` given the tree, with the closed form
-    ``log p(tree | c) = (n−1) log c − c S + const`` (module docstring, step 3)."""
-    return _update_c(_uniforms(key, state), state, prior)
-
-
 def _update_c(unif, state, prior):
     tree, sizes = state.tree, state.sizes
     n = num_leaves(tree)
@@ -338,15 +319,6 @@ def _update_c(unif, state, prior):
     rel = lambda v: (n - 1) * jnp.log(v) - v * stat  # noqa: E731
     c, _ = _slice_log(unif, prior, state.c, rel(state.c), rel)
     return state._replace(c=c, log_prior=structure_log_prior(tree, c, sizes))
-
-
-def update_sigma(key: jax.Array, state: DDTState, X: jax.Array, prior) -> DDTState:
-    """Slice update of ``log σ`` given the tree (data term by message passing)."""
-    return _update_sigma(_uniforms(key, state), state, X, prior)
-
-
-def _update_sigma(unif, state, X, prior):
-    return _update_scale(unif, state, X, prior, "sigma")
 
 
 def _update_scale(unif, state, X, prior, name):
@@ -359,15 +331,6 @@ def _update_scale(unif, state, X, prior, name):
 
     value, ll = _slice_log(unif, prior, getattr(state, name), state.log_likelihood, log_lik)
     return state._replace(**{name: value, "log_likelihood": ll})
-
-
-def update_noise(key: jax.Array, state: DDTState, X: jax.Array, prior) -> DDTState:
-    """Slice update of ``log s`` (observation noise) given the tree."""
-    return _update_noise(_uniforms(key, state), state, X, prior)
-
-
-def _update_noise(unif, state, X, prior):
-    return _update_scale(unif, state, X, prior, "noise")
 
 
 # ------------------------------------------------------------------------------------ step
@@ -399,9 +362,9 @@ def step(
     if hyperpriors.c is not None:
         state = _update_c(slices[0], state, hyperpriors.c)
     if hyperpriors.sigma is not None:
-        state = _update_sigma(slices[1], state, X, hyperpriors.sigma)
+        state = _update_scale(slices[1], state, X, hyperpriors.sigma, "sigma")
     if hyperpriors.noise is not None:
-        state = _update_noise(slices[2], state, X, hyperpriors.noise)
+        state = _update_scale(slices[2], state, X, hyperpriors.noise, "noise")
     info = DDTInfo(sub_acc, jnp.asarray(num, jnp.int32), time_acc, jnp.asarray(n - 1, jnp.int32))
     return state, info
 
@@ -416,6 +379,18 @@ class ModelSpec(NamedTuple):
     sigma_site: str | None
     noise_site: str | None
     num_points: int
+
+
+class _Reading(NamedTuple):
+    """The model read at one ``z`` (:meth:`DiffusionTreeMCMC._read`)."""
+
+    spec: ModelSpec
+    c: Any
+    sigma: Any
+    noise: Any
+    X: jax.Array
+    priors: Hyperpriors
+    log_hyper: jax.Array
 
 
 class DiffusionTreeMCMCState(NamedTuple):
@@ -518,7 +493,7 @@ def _find_spec(tr, kernel_name: str) -> ModelSpec:
     return ModelSpec(trees[0], datas[0], found["c"], found["sigma"], found["noise"], tree_site["fn"].num_points)
 
 
-def _map_chains(init_one: Callable, keys: jax.Array, params: dict):
+def map_chains(init_one: Callable, keys: jax.Array, params: dict):
     """Initial states of a batch of chains in one compiled program. ``lax.map``, not
     ``vmap``: initialisation runs once, and the batched generative process takes about
     twice as long to compile."""
@@ -571,23 +546,24 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         self._num_subtree_moves = num_subtree_moves
         self._time_step_size = float(time_step_size)
         self._init_strategy = init_strategy
-        self._spec: ModelSpec | None = None
-        self._sample_fn = None
 
     # -- reading the model --------------------------------------------------------------
-    def _read(self, z, model_args, model_kwargs):
-        """``(c, sigma, noise, X, Hyperpriors, hyperprior log density)`` at ``z``."""
-        spec = self._spec
+    # Nothing is kept on ``self`` between calls: the sites' names are read off a trace of
+    # the model at the state's ``z`` (``_read``) each time a program is traced.
+    def _read(self, z, model_args, model_kwargs) -> _Reading:
+        """The model at ``z`` (which holds the tree): its sites, scales, data and hyperpriors."""
         tr = _trace_model(self._model, z, model_args, model_kwargs)
+        spec = _find_spec(tr, self._name)
         tree_fn, data = tr[spec.tree_site]["fn"], tr[spec.data_site]
-        priors = Hyperpriors(*(tr[s]["fn"] if s else None for s in (spec.c_site, spec.sigma_site, spec.noise_site)))
+        hyper_sites = (spec.c_site, spec.sigma_site, spec.noise_site)
+        priors = Hyperpriors(*(tr[s]["fn"] if s else None for s in hyper_sites))
         log_hyper = sum(
-            (jnp.sum(tr[s]["fn"].log_prob(tr[s]["value"])) for s in (spec.c_site, spec.sigma_site, spec.noise_site) if s),
-            jnp.zeros(()),
+            (jnp.sum(tr[s]["fn"].log_prob(tr[s]["value"])) for s in hyper_sites if s), jnp.zeros(())
         )
-        return tree_fn.c, data["fn"].sigma, data["fn"].noise, jnp.asarray(data["value"]), priors, log_hyper
+        return _Reading(spec, tree_fn.c, data["fn"].sigma, data["fn"].noise, jnp.asarray(data["value"]),
+                        priors, log_hyper)
 
-    def _setup(self, init_params, model_args, model_kwargs):
+    def _setup(self, init_params, model_args, model_kwargs) -> ModelSpec:
         z0 = dict(init_params or {})
         tr = _trace_model(self._model, z0, model_args, model_kwargs, fill_tree=True)
         spec = _find_spec(tr, self._name)
@@ -605,19 +581,15 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
                 check_tree(value, spec.num_points, f"init_params['{spec.tree_site}']")
             else:
                 for i in range(value.time.shape[0]):
-                    check_tree(jax.tree.map(lambda a: a[i], value), spec.num_points,
+                    check_tree(jax.tree.map(lambda a, i=i: a[i], value), spec.num_points,
                                f"init_params['{spec.tree_site}'][{i}]")
         return spec
 
-    def _dtype(self):
-        return jnp.result_type(float)
-
-    def _init_one(self, key, params, model_args, model_kwargs):
-        spec = self._spec
+    def _init_one(self, spec, key, params, model_args, model_kwargs):
         k_trace, key = jax.random.split(key)
         params = dict(params)
         if self._init_strategy == "comb" and spec.tree_site not in params:
-            params[spec.tree_site] = comb_tree(spec.num_points, self._dtype())
+            params[spec.tree_site] = comb_tree(spec.num_points, jnp.result_type(float))
         tr = _trace_model(self._model, params, model_args, model_kwargs, key=k_trace)
         z = {spec.tree_site: jax.tree.map(jnp.asarray, tr[spec.tree_site]["value"])}
         dtype = z[spec.tree_site].time.dtype
@@ -628,59 +600,66 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         # a prior draw off the support (ties from rounding, see ddt.sample_tree) or with a
         # zero-probability data term: start from the caterpillar instead
         bad = ~jnp.isfinite(state.log_joint)
-        z[spec.tree_site] = _select(bad, comb_tree(spec.num_points, dtype), z[spec.tree_site])
+        z[spec.tree_site] = select_state(bad, comb_tree(spec.num_points, dtype), z[spec.tree_site])
         return self._state_from_z(z, jnp.zeros((), jnp.int32), key, model_args, model_kwargs)
 
     def _state_from_z(self, z, accepted, key, model_args, model_kwargs):
-        spec = self._spec
-        c, sigma, noise, X, _, log_hyper = self._read(z, model_args, model_kwargs)
-        chain = init(z[spec.tree_site], X, c, sigma, noise)
-        lj = chain.log_prior + chain.log_likelihood + log_hyper.astype(chain.log_prior.dtype)
+        r = self._read(z, model_args, model_kwargs)
+        chain = init(z[r.spec.tree_site], r.X, r.c, r.sigma, r.noise)
+        lj = chain.log_prior + chain.log_likelihood + r.log_hyper.astype(chain.log_prior.dtype)
         return DiffusionTreeMCMCState(z, chain, lj, accepted, key)
 
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        self._spec = self._setup(init_params, model_args, model_kwargs)
+    def _init_chains(self, spec, rng_key, init_params, model_args, model_kwargs):
+        """The initial state(s): one chain for one key, else a batch (leading chain axis)."""
         init_params = dict(init_params or {})
+
+        def one(k, p):
+            return self._init_one(spec, k, p, model_args, model_kwargs)
+
         # one compiled program (op-by-op tracing of the generative process is slow to compile)
         if is_prng_key(rng_key):
-            self._sample_fn = self._sample_one
-            return jax.jit(lambda k, p: self._init_one(k, p, model_args, model_kwargs))(rng_key, init_params)
-        state = _map_chains(lambda k, p: self._init_one(k, p, model_args, model_kwargs), rng_key, init_params)
-        self._sample_fn = jax.vmap(self._sample_one, in_axes=(0, None, None))
-        return state
+            return jax.jit(one)(rng_key, init_params)
+        return map_chains(one, rng_key, init_params)
 
-    def _core_step(self, key, state, model_args, model_kwargs):
-        """Read the model at ``state.z``, then :func:`step` (the pure core)."""
-        spec = self._spec
-        c, sigma, noise, X, priors, _ = self._read(state.z, model_args, model_kwargs)
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        spec = self._setup(init_params, model_args, model_kwargs)
+        return self._init_chains(spec, rng_key, init_params, model_args, model_kwargs)
+
+    def _core_step(self, key, z, chain, model_args, model_kwargs):
+        """Read the model at ``z``, then :func:`step` (the pure core); returns ``(z, chain, info)``."""
+        r = self._read(z, model_args, model_kwargs)
+        spec = r.spec
         # the cached terms are current: values set by other kernels arrive through refresh
-        dtype = state.chain.log_prior.dtype
-        chain = state.chain._replace(
-            c=jnp.asarray(c, dtype), sigma=jnp.asarray(sigma, dtype), noise=jnp.asarray(noise, dtype)
+        dtype = chain.log_prior.dtype
+        chain = chain._replace(
+            c=jnp.asarray(r.c, dtype), sigma=jnp.asarray(r.sigma, dtype), noise=jnp.asarray(r.noise, dtype)
         )
         chain, info = step(
-            key, chain, X, priors,
+            key, chain, r.X, r.priors,
             num_subtree_moves=self._num_subtree_moves, time_step_size=self._time_step_size,
         )
-        z = dict(state.z)
+        z = dict(z)
         z[spec.tree_site] = chain.tree
         for name, value in ((spec.c_site, chain.c), (spec.sigma_site, chain.sigma), (spec.noise_site, chain.noise)):
             if name:
                 z[name] = value
         return z, chain, info
 
-    def _finish(self, z, chain, accepted, key, model_args, model_kwargs):
-        *_, log_hyper = self._read(z, model_args, model_kwargs)
-        lj = chain.log_prior + chain.log_likelihood + log_hyper.astype(chain.log_prior.dtype)
-        return DiffusionTreeMCMCState(z, chain, lj, accepted, key)
+    def _log_joint(self, z, chain, model_args, model_kwargs):
+        """Structure + data terms (cached in ``chain``) plus the hyperpriors' log densities at ``z``."""
+        log_hyper = self._read(z, model_args, model_kwargs).log_hyper
+        return chain.log_prior + chain.log_likelihood + log_hyper.astype(chain.log_prior.dtype)
 
     def _sample_one(self, state, model_args, model_kwargs):
         key, sub = jax.random.split(state.rng_key)
-        z, chain, info = self._core_step(sub, state, model_args, model_kwargs)
-        return self._finish(z, chain, info.subtree_accepted, key, model_args, model_kwargs)
+        z, chain, info = self._core_step(sub, state.z, state.chain, model_args, model_kwargs)
+        lj = self._log_joint(z, chain, model_args, model_kwargs)
+        return DiffusionTreeMCMCState(z, chain, lj, info.subtree_accepted, key)
 
     def sample(self, state, model_args, model_kwargs):
-        return self._sample_fn(state, model_args, model_kwargs)
+        if jnp.ndim(state.log_joint):  # chains on a leading axis (chain_method="vectorized")
+            return jax.vmap(self._sample_one, in_axes=(0, None, None))(state, model_args, model_kwargs)
+        return self._sample_one(state, model_args, model_kwargs)
 
     def refresh(self, state, model_args, model_kwargs):
         """Recompute the cached terms against the current conditioning values (Gibbs composition)."""
@@ -691,125 +670,7 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         return jax.vmap(one)(state) if jnp.ndim(state.log_joint) else one(state)
 
     def get_diagnostics_str(self, state):
-        n = self._spec.num_points if self._spec else 0
+        n = (np.shape(state.chain.tree.time)[-1] + 1) // 2
         num = self._num_subtree_moves if self._num_subtree_moves is not None else n
         acc = float(np.mean(np.asarray(state.subtree_accepted))) / max(num, 1)
         return f"log_joint={float(np.max(np.asarray(state.log_joint))):.1f} subtree acc={acc:.2f}"
-
-
-# ------------------------------------------------------------------------------- fit_ddt
-class DDTFit(NamedTuple):
-    """Result of :func:`fit_ddt`.
-
-    tree: the highest-``log_joint`` tree seen (a single :class:`Tree`).
-    labels: ``cut_tree(tree, t_stop)`` (or ``num_clusters``), ``(n,)`` int32.
-    log_joint: trace ``(num_chains, num_samples)`` of the unnormalised log posterior.
-    c, sigma: the hyperparameters at the best draw.
-    t_stop: the cut used (``None`` when ``num_clusters`` was given).
-    samples: all draws, ``{"tree", "c", "sigma"}`` grouped by chain ``(num_chains, num_samples, …)``.
-    """
-
-    tree: Tree
-    labels: np.ndarray
-    log_joint: np.ndarray
-    c: float
-    sigma: float
-    t_stop: float | None
-    samples: dict
-
-
-def fit_ddt(
-    X: Any,
-    num_chains: int = 8,
-    num_samples: int = 200,
-    key: jax.Array | None = None,
-    *,
-    num_warmup: int | None = None,
-    population: bool = True,
-    subset_size: int | None = None,
-    temperature: float = 1.0,
-    c_prior: Any = None,
-    sigma_prior: Any = None,
-    noise: float | None = None,
-    t_stop: float | None = None,
-    num_clusters: int | None = None,
-    progress_bar: bool | None = None,
-) -> DDTFit:
-    """Fit a Dirichlet diffusion tree to ``X`` and cut it into clusters (for the CLI).
-
-    Model: ``c ~ c_prior`` (default ``LogNormal(0, 1)``), ``σ ~ sigma_prior``
-    (default ``LogNormal(log sd(X), 1)``, sd over all entries),
-    ``tree ~ DiffusionTree(c, n)``, ``X ~ BrownianLeaves(tree, σ, noise)``
-    with fixed ``noise`` (default ``0.1 · sd(X)``). Runs :class:`PopulationDDT`
-    (``population=True``, needs ``num_chains >= 2``) or vectorised independent
-    :class:`DiffusionTreeMCMC` chains; returns the best tree seen, its labels
-    from :func:`~jaxbnp.models.ddt.cut_tree` at ``t_stop`` (default 0.5) or at
-    ``num_clusters``, the ``log_joint`` trace and all draws. ``subset_size``
-    defaults to ``max(1, min(n − 1, n // 4))``. ``progress_bar``: NumPyro's
-    bar (``None``: auto, shown only on a terminal outside CI; ``jaxbnp._progress``).
-    """
-    import numpyro
-    from numpyro.infer import MCMC
-
-    from .population import PopulationDDT
-
-    from ..._cache import auto_enable
-    from ..._progress import resolve as resolve_progress
-
-    show = resolve_progress(progress_bar)
-    Xn = check_data(X)
-    n = Xn.shape[0]
-    if n < 2:
-        raise ValueError(f"fit_ddt needs at least 2 points, got {n}.")
-    for name, value in (("num_chains", num_chains), ("num_samples", num_samples)):
-        if int(value) < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}.")
-    if population and int(num_chains) < 2:
-        raise ValueError("population=True needs num_chains >= 2 (or pass population=False).")
-    if t_stop is not None and num_clusters is not None:
-        raise ValueError("Pass t_stop or num_clusters, not both.")
-    if t_stop is not None and not 0.0 < float(t_stop) <= 1.0:
-        raise ValueError(f"t_stop must be in (0, 1], got {t_stop}.")
-    if num_clusters is not None and not 1 <= int(num_clusters) <= n:
-        raise ValueError(f"num_clusters must be in 1..{n}, got {num_clusters}.")
-    scale = float(np.std(Xn)) or 1.0
-    noise = 0.1 * scale if noise is None else float(noise)
-    if noise < 0 or not np.isfinite(noise):
-        raise ValueError(f"noise must be >= 0, got {noise}.")
-    c_prior = dist.LogNormal(0.0, 1.0) if c_prior is None else c_prior
-    sigma_prior = dist.LogNormal(float(np.log(scale)), 1.0) if sigma_prior is None else sigma_prior
-    if subset_size is None:
-        subset_size = max(1, min(n - 1, n // 4))
-    Xj = jnp.asarray(Xn, jnp.result_type(float))
-
-    def model(X):
-        c = numpyro.sample("c", c_prior)
-        sigma = numpyro.sample("sigma", sigma_prior)
-        tree = numpyro.sample("tree", DiffusionTree(c, X.shape[0]))
-        numpyro.sample("X", BrownianLeaves(tree, sigma, noise), obs=X)
-
-    if population:
-        kernel = PopulationDDT(model, int(num_chains), int(subset_size), temperature)
-    else:
-        kernel = DiffusionTreeMCMC(model)
-    warm = int(num_samples) // 2 if num_warmup is None else int(num_warmup)
-    mcmc = MCMC(
-        kernel, num_warmup=warm, num_samples=int(num_samples), num_chains=int(num_chains),
-        chain_method="vectorized", progress_bar=show,
-    )
-    key = jax.random.key(0) if key is None else key
-    auto_enable()  # the persistent compilation cache (jaxbnp._cache)
-    mcmc.run(key, Xj, extra_fields=("log_joint",))
-    samples = mcmc.get_samples(group_by_chain=True)
-    lj = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["log_joint"])
-    lj = lj.reshape(int(num_chains), -1)
-    ci, si = np.unravel_index(np.nanargmax(lj), lj.shape)
-    best = jax.tree.map(lambda a: a[ci, si], samples["tree"])
-    if num_clusters is not None:
-        labels = cut_tree(best, num_clusters=int(num_clusters))
-        used = None
-    else:
-        used = 0.5 if t_stop is None else float(t_stop)
-        labels = cut_tree(best, used)
-    c_best, s_best = (float(np.asarray(samples[k])[ci, si]) for k in ("c", "sigma"))
-    return DDTFit(best, np.asarray(labels), lj, c_best, s_best, used, samples)

@@ -47,6 +47,7 @@ so with ``k ≈ n/8`` it costs about as much as the within-chain sweep.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -59,19 +60,22 @@ from numpyro.util import is_prng_key
 
 from ..._validation import check_int
 from ...models.ddt import (
-    _LOG_2PI, Tree, _attach, _detach, _evaluate, bottom_up_order, num_leaves, root_of,
+    Tree, attach, bottom_up_order, detach, log_joint_terms_and_sizes, num_leaves, root_of,
 )
-from . import mcmc as ddt_mcmc
-from .mcmc import DDTState, DiffusionTreeMCMC, Hyperpriors
+from . import mcmc
+from .mcmc import DDTInfo, DDTState, DiffusionTreeMCMC, Hyperpriors, select_state
 
 __all__ = [
-    "ExchangeInfo", "PopulationInfo", "exchange", "exchange_step", "step",
-    "PopulationDDT", "PopulationDDTState",
+    "ExchangeInfo", "PopulationInfo", "Detached", "detach_leaves", "candidate_log_likelihoods",
+    "insert_leaves", "exchange", "exchange_step", "init", "step", "PopulationDDT", "PopulationDDTState",
 ]
+
+_LOG_2PI = math.log(2.0 * math.pi)
 
 
 class ExchangeInfo(NamedTuple):
-    """One exchange: whether it was accepted and its log acceptance ratio."""
+    """Exchange outcomes: whether accepted and the log acceptance ratio (per pair from
+    :func:`exchange`, per chain from :func:`exchange_step`)."""
 
     accepted: jax.Array
     log_ratio: jax.Array
@@ -80,11 +84,13 @@ class ExchangeInfo(NamedTuple):
 class PopulationInfo(NamedTuple):
     """One population step: per-chain within-chain counts and exchange outcomes ``(K,)``."""
 
-    within: ddt_mcmc.DDTInfo
+    within: DDTInfo
     exchange_accepted: jax.Array
 
 
-class _Detached(NamedTuple):
+class Detached(NamedTuple):
+    """A tree with some leaves detached (:func:`detach_leaves`)."""
+
     tree: Tree
     root: jax.Array
     in_tree: jax.Array  # (2n-1,) nodes in the partial tree
@@ -93,7 +99,7 @@ class _Detached(NamedTuple):
     siblings: jax.Array  # (k,) the branch (edge above this node) leaf j hung from
 
 
-def _detach_leaves(tree: Tree, leaves: jax.Array) -> _Detached:
+def detach_leaves(tree: Tree, leaves: jax.Array) -> Detached:
     """Detach ``leaves[k−1], …, leaves[0]`` (reverse generation order); step 2."""
     n = num_leaves(tree)
     k = leaves.shape[0]
@@ -104,7 +110,7 @@ def _detach_leaves(tree: Tree, leaves: jax.Array) -> _Detached:
         idx = k - 1 - j
         i = leaves[idx]
         t = tree.time[tree.parent[i]]
-        tree, root, w, u = _detach(tree, root, i)
+        tree, root, w, u = detach(tree, root, i)
         in_tree = in_tree.at[i].set(False).at[w].set(False)
         return tree, root, in_tree, times.at[idx].set(t), freed.at[idx].set(w), sibs.at[idx].set(u)
 
@@ -112,7 +118,7 @@ def _detach_leaves(tree: Tree, leaves: jax.Array) -> _Detached:
         tree, root_of(tree), jnp.ones(2 * n - 1, bool), jnp.zeros(k, dtype),
         jnp.zeros(k, jnp.int32), jnp.zeros(k, jnp.int32),
     )
-    return _Detached(*lax.fori_loop(0, k, body, init))
+    return Detached(*lax.fori_loop(0, k, body, init))
 
 
 def _log_normal(x, mean, var, d):
@@ -121,7 +127,7 @@ def _log_normal(x, mean, var, d):
     return -0.5 * d * (_LOG_2PI + jnp.log(var)) - 0.5 * jnp.sum(diff * diff, -1) / var
 
 
-def _candidate_log_likelihoods(tree: Tree, root, in_tree, X, sigma, noise, leaf, d):
+def candidate_log_likelihoods(tree: Tree, root, in_tree, X, sigma, noise, leaf, d):
     """Data term of the partial tree with ``leaf`` hung at time ``d`` on the edge above
     each node ``x``, for every ``x`` at once: ``(2n−1,)`` (garbage where the edge does not
     span ``d``; the caller masks those).
@@ -201,7 +207,7 @@ def _candidate_log_likelihoods(tree: Tree, root, in_tree, X, sigma, noise, leaf,
     return k + kappa + _log_normal(m, mu, tot, dim) + _log_normal(X[leaf][None, :], mean_ab, var_ab + big_e, dim)
 
 
-def _insert_leaves(gumbel, det: _Detached, leaves, times, X, sigma, noise, forced, use_forced):
+def insert_leaves(gumbel, det: Detached, leaves, times, X, sigma, noise, forced, use_forced):
     """Re-attach ``leaves`` in order at ``times``; branches drawn ∝ likelihood (Gumbel-max
     with ``gumbel`` ``(k, 2n−1)``), or ``forced`` when ``use_forced`` (the reverse move's replay).
 
@@ -218,13 +224,13 @@ def _insert_leaves(gumbel, det: _Detached, leaves, times, X, sigma, noise, force
         p = tree.parent
         tp = jnp.where(p >= 0, tree.time[jnp.maximum(p, 0)], 0.0)
         valid = in_tree & (tp < d) & (d < tree.time)
-        cand = _candidate_log_likelihoods(tree, root, in_tree, X, sigma, noise, i, d)
+        cand = candidate_log_likelihoods(tree, root, in_tree, X, sigma, noise, i, d)
         log_w = jnp.where(valid, cand, -jnp.inf)
         total = logsumexp(log_w)
         ok = jnp.isfinite(total)
         x = jnp.where(use_forced, forced[j], jnp.argmax(log_w + gumbel[j]).astype(jnp.int32))
         log_q = log_q + jnp.where(ok, log_w[x] - total, -jnp.inf)
-        tree, root = _attach(tree, root, i, x, d, w)
+        tree, root = attach(tree, root, i, x, d, w)
         in_tree = in_tree.at[i].set(True).at[w].set(True)
         return tree, root, in_tree, log_q
 
@@ -248,31 +254,30 @@ def _proposal_log_ratio(log_q_back, log_q_fwd, temperature):
 
 def exchange(
     key: jax.Array,
-    chain1: DDTState,
-    chain2: DDTState,
-    X1: jax.Array,
-    X2: jax.Array,
+    pair: DDTState,
+    X: jax.Array,
     subset_size: int,
     temperature: Any = 1.0,
-) -> tuple[DDTState, DDTState, ExchangeInfo]:
+) -> tuple[DDTState, ExchangeInfo]:
     """The exchange move between two chains (module docstring, docs/mathematics.md §5).
 
-    ``X1``, ``X2``: the data of each chain's target (the same array for a
-    posterior). ``subset_size`` (static): number of leaves exchanged.
-    ``temperature`` may be traced. The two detachments, the four
+    ``pair``: the two chains' :class:`~jaxbnp.inference.trees.mcmc.DDTState` on a
+    leading axis of size 2. ``X``: ``(2, n, D)``, the data of each chain's
+    target (the same data twice for a posterior). ``subset_size`` (static):
+    number of leaves exchanged. ``temperature`` may be traced. Returns the pair
+    and an :class:`ExchangeInfo` of scalars. The two detachments, the four
     re-attachments (two proposals, two reverse replays) and the two
-    evaluations each run as one ``vmap``, so the program holds one copy of each.
+    evaluations each run as one batched loop, so the program holds one copy of each.
     """
-    n = num_leaves(chain1.tree)
+    n = num_leaves(pair.tree)
     k = _check_subset_size(subset_size, n)
-    dtype = chain1.tree.time.dtype
+    dtype = pair.tree.time.dtype
     # one random call: the leaves' order, Gumbel noise for the 4 insertions, the acceptance
     unif = jax.random.uniform(key, (n + 4 * k * (2 * n - 1) + 1,), dtype, minval=jnp.finfo(dtype).tiny)
     leaves = jnp.argsort(unif[:n])[:k].astype(jnp.int32)
     gumbel = -jnp.log(-jnp.log(unif[n:-1])).reshape(4, k, 2 * n - 1)
-    both = jax.tree.map(lambda a, b: jnp.stack([a, b]), chain1, chain2)
-    Xs = jnp.stack([X1, X2])
-    dets = jax.vmap(_detach_leaves, in_axes=(0, None))(both.tree, leaves)
+    both, Xs = pair, jnp.asarray(X, dtype)
+    dets = jax.vmap(detach_leaves, in_axes=(0, None))(both.tree, leaves)
     # rows: proposal for chain 1 (chain 2's times), for chain 2, replay of chain 1, of chain 2
     mine = jnp.array([0, 1, 0, 1])
     times_from = jnp.array([1, 0, 0, 1])
@@ -282,18 +287,16 @@ def exchange(
         both.noise[mine], dets.siblings[mine], jnp.array([False, False, True, True]),
     )
     # lax.map, not vmap: one unbatched copy of the insertion loop compiles much faster
-    trees4, log_q4 = lax.map(lambda a: _insert_leaves(a[0], a[1], leaves, *a[2:]), tasks)
+    trees4, log_q4 = lax.map(lambda a: insert_leaves(a[0], a[1], leaves, *a[2:]), tasks)
     new_trees = jax.tree.map(lambda a: a[:2], trees4)
-    lp, ll, sizes = lax.map(lambda a: _evaluate(*a), (new_trees, Xs, both.c, both.sigma, both.noise))
+    lp, ll, sizes = lax.map(lambda a: log_joint_terms_and_sizes(*a), (new_trees, Xs, both.c, both.sigma, both.noise))
     log_target = jnp.sum(lp + ll) - jnp.sum(both.log_prior + both.log_likelihood)
     log_r = log_target + _proposal_log_ratio(
         log_q4[2] + log_q4[3], log_q4[0] + log_q4[1], jnp.asarray(temperature, log_target.dtype)
     )
     ok = jnp.log(unif[-1]) < log_r
     new = both._replace(tree=new_trees, log_prior=lp, log_likelihood=ll, sizes=sizes)
-    out = ddt_mcmc._select(ok, new, both)
-    out1, out2 = (jax.tree.map(lambda a: a[i], out) for i in (0, 1))
-    return out1, out2, ExchangeInfo(ok, log_r)
+    return select_state(ok, new, both), ExchangeInfo(ok, log_r)
 
 
 def exchange_step(
@@ -303,13 +306,15 @@ def exchange_step(
     subset_size: int,
     temperature: Any = 1.0,
     pair_batching: str = "vmap",
-) -> tuple[DDTState, jax.Array]:
+) -> tuple[DDTState, ExchangeInfo]:
     """Exchange moves on ``K // 2`` disjoint random pairs of the ``K`` chains.
 
     A random perfect matching followed by independent exact moves on disjoint
     pairs leaves the product of the chains' targets invariant. ``X``:
     ``(n, D)`` shared, or ``(K, n, D)`` one data set per chain. Returns the
-    chains and ``(K,)`` flags of accepted exchanges. ``pair_batching``:
+    chains and an :class:`ExchangeInfo` of ``(K,)`` arrays: whether each
+    chain's exchange was accepted and its pair's log ratio (``−inf`` for the
+    chain left out when ``K`` is odd). ``pair_batching``:
     ``"vmap"`` (default: one batched program; on a 2-core CPU 1.5-2.5x faster
     than ``"map"`` for 8-32 chains) or ``"map"`` (``lax.map``, pairs one after
     another: about 25% quicker to compile). Draws are the same either way.
@@ -317,33 +322,45 @@ def exchange_step(
     num = chains.log_prior.shape[0]
     subset_size = _check_subset_size(subset_size, num_leaves(chains.tree))
     pairs = num // 2
+    dtype = chains.log_prior.dtype
     if pairs == 0:
-        return chains, jnp.zeros(num, bool)
+        return chains, ExchangeInfo(jnp.zeros(num, bool), jnp.full(num, -jnp.inf, dtype))
     k_pair, k_ex = jax.random.split(key)
     perm = jnp.argsort(jax.random.uniform(k_pair, (num,)))
     a, b = perm[:pairs], perm[pairs:2 * pairs]
-    take = lambda idx: jax.tree.map(lambda x: x[idx], chains)  # noqa: E731
+    pair_states = jax.tree.map(lambda x: jnp.stack([x[a], x[b]], 1), chains)  # (pairs, 2, ...)
     per_chain = X.ndim == 3
-    X1, X2 = (X[a], X[b]) if per_chain else (X, X)
+    X_pairs = jnp.stack([X[a], X[b]], 1) if per_chain else jnp.stack([X, X])
     axis = 0 if per_chain else None
     keys = jax.random.split(k_ex, pairs)
     if pair_batching not in ("vmap", "map"):
         raise ValueError(f"pair_batching must be 'vmap' or 'map', got {pair_batching!r}.")
+
+    def move(k, pair, x):
+        return exchange(k, pair, x, subset_size, temperature)
+
     if pair_batching == "vmap":
-        move = lambda k, c1, c2, x1, x2: exchange(k, c1, c2, x1, x2, subset_size, temperature)  # noqa: E731
-        new1, new2, info = jax.vmap(move, in_axes=(0, 0, 0, axis, axis))(keys, take(a), take(b), X1, X2)
+        new, info = jax.vmap(move, in_axes=(0, 0, axis))(keys, pair_states, X_pairs)
     elif per_chain:
-        new1, new2, info = lax.map(
-            lambda q: exchange(q[0], q[1], q[2], q[3], q[4], subset_size, temperature),
-            (keys, take(a), take(b), X1, X2),
-        )
+        new, info = lax.map(lambda q: move(*q), (keys, pair_states, X_pairs))
     else:
-        new1, new2, info = lax.map(
-            lambda q: exchange(q[0], q[1], q[2], X, X, subset_size, temperature), (keys, take(a), take(b))
-        )
-    chains = jax.tree.map(lambda full, u1, u2: full.at[a].set(u1).at[b].set(u2), chains, new1, new2)
+        new, info = lax.map(lambda q: move(q[0], q[1], X_pairs), (keys, pair_states))
+    chains = jax.tree.map(lambda full, u: full.at[a].set(u[:, 0]).at[b].set(u[:, 1]), chains, new)
     accepted = jnp.zeros(num, bool).at[a].set(info.accepted).at[b].set(info.accepted)
-    return chains, accepted
+    log_ratio = jnp.full(num, -jnp.inf, info.log_ratio.dtype).at[a].set(info.log_ratio).at[b].set(info.log_ratio)
+    return chains, ExchangeInfo(accepted, log_ratio)
+
+
+def init(trees: Tree, X: Any, c: Any, sigma: Any, noise: Any = 0.0) -> DDTState:
+    """States of ``K`` chains: :func:`jaxbnp.inference.trees.mcmc.init` on each, a leading axis ``K``.
+
+    ``trees``: a :class:`~jaxbnp.models.ddt.Tree` batch ``(K, …)``; ``X``: ``(n, D)``
+    shared or ``(K, n, D)``; ``c``, ``sigma``, ``noise``: scalars or ``(K,)``.
+    """
+    num, dtype = trees.time.shape[0], trees.time.dtype
+    X = jnp.asarray(X, dtype)
+    c, sigma, noise = (jnp.broadcast_to(jnp.asarray(v, dtype), (num,)) for v in (c, sigma, noise))
+    return jax.vmap(mcmc.init, in_axes=(0, 0 if X.ndim == 3 else None, 0, 0, 0))(trees, X, c, sigma, noise)
 
 
 def step(
@@ -370,7 +387,7 @@ def step(
     k_within, k_ex = jax.random.split(key)
     if within_chain:
         sweep = partial(
-            ddt_mcmc.step, hyperpriors=hyperpriors, num_subtree_moves=num_subtree_moves,
+            mcmc.step, hyperpriors=hyperpriors, num_subtree_moves=num_subtree_moves,
             time_step_size=time_step_size,
         )
         chains, within = jax.vmap(sweep, in_axes=(0, 0, 0 if X.ndim == 3 else None))(
@@ -378,9 +395,9 @@ def step(
         )
     else:
         zero = jnp.zeros(num, jnp.int32)
-        within = ddt_mcmc.DDTInfo(zero, zero, zero, zero)
-    chains, accepted = exchange_step(k_ex, chains, X, subset_size, temperature, pair_batching)
-    return chains, PopulationInfo(within, accepted)
+        within = DDTInfo(zero, zero, zero, zero)
+    chains, exchanged = exchange_step(k_ex, chains, X, subset_size, temperature, pair_batching)
+    return chains, PopulationInfo(within, exchanged.accepted)
 
 
 # ------------------------------------------------------------------------- NumPyro kernel
@@ -475,46 +492,35 @@ class PopulationDDT(DiffusionTreeMCMC):
                 f"MCMC(kernel, num_chains={self._num_chains}, chain_method='vectorized') "
                 f"(got {got} chain keys)."
             )
-        self._spec = self._setup(init_params, model_args, model_kwargs)
-        _check_subset_size(self._subset_size, self._spec.num_points)
-        init_params = dict(init_params or {})
-        per_chain = ddt_mcmc._map_chains(
-            lambda k, p: self._init_one(k, p, model_args, model_kwargs), rng_key, init_params
-        )
+        spec = self._setup(init_params, model_args, model_kwargs)
+        _check_subset_size(self._subset_size, spec.num_points)
+        per_chain = self._init_chains(spec, rng_key, init_params, model_args, model_kwargs)
         pop_key = jax.random.fold_in(rng_key[0], 0x706F70)
-        state = PopulationDDTState(
+        return PopulationDDTState(
             per_chain.z, per_chain.chain, per_chain.log_joint, per_chain.subtree_accepted,
             jnp.zeros(self._num_chains, bool), pop_key,
         )
-        self._sample_fn = self._sample_population
-        return state
 
-    def _sample_population(self, state, model_args, model_kwargs):
-        spec = self._spec
+    def sample(self, state, model_args, model_kwargs):
+        """One population step (:func:`step`'s moves, with ``c``, ``σ``, ``s`` read off the model)."""
         key, k_within, k_ex = jax.random.split(state.rng_key, 3)
 
         def within(k, z, chain):
-            s = ddt_mcmc.DiffusionTreeMCMCState(z, chain, jnp.zeros(()), jnp.zeros((), jnp.int32), k)
-            z, chain, info = self._core_step(k, s, model_args, model_kwargs)
+            z, chain, info = self._core_step(k, z, chain, model_args, model_kwargs)
             return z, chain, info.subtree_accepted
 
         z, chains, sub_acc = jax.vmap(within)(
             jax.random.split(k_within, self._num_chains), state.z, state.chain
         )
-        X = self._read(jax.tree.map(lambda a: a[0], z), model_args, model_kwargs)[3]
-        X = jnp.asarray(X, chains.tree.time.dtype)
-        chains, accepted = exchange_step(
+        reading = self._read(jax.tree.map(lambda a: a[0], z), model_args, model_kwargs)
+        X = jnp.asarray(reading.X, chains.tree.time.dtype)
+        chains, exchanged = exchange_step(
             k_ex, chains, X, self._subset_size, self._temperature, self._pair_batching
         )
         z = dict(z)
-        z[spec.tree_site] = chains.tree
-
-        def log_joint(z, chain):
-            *_, log_hyper = self._read(z, model_args, model_kwargs)
-            return chain.log_prior + chain.log_likelihood + log_hyper.astype(chain.log_prior.dtype)
-
-        lj = jax.vmap(log_joint)(z, chains)
-        return PopulationDDTState(z, chains, lj, sub_acc, accepted, key)
+        z[reading.spec.tree_site] = chains.tree
+        lj = jax.vmap(lambda zz, chain: self._log_joint(zz, chain, model_args, model_kwargs))(z, chains)
+        return PopulationDDTState(z, chains, lj, sub_acc, exchanged.accepted, key)
 
     def refresh(self, state, model_args, model_kwargs):
         def one(z):

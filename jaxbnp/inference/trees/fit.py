@@ -1,0 +1,145 @@
+"""One-call fitting of a Dirichlet diffusion tree (the CLI's ``--method ddt``): :func:`fit_ddt`.
+
+docs/mathematics.md §5. The model is the DDT prior on the tree with Brownian
+leaves; the sampler is :class:`~jaxbnp.inference.trees.population.PopulationDDT`
+(population MCMC) or vectorised independent
+:class:`~jaxbnp.inference.trees.mcmc.DiffusionTreeMCMC` chains, run through the
+one driver :func:`jaxbnp.inference.runner.run`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+
+from ..._cache import auto_enable
+from ..._validation import check_data
+from ...models.ddt import BrownianLeaves, DiffusionTree, Tree, cut_tree
+from ..runner import run
+from .mcmc import DiffusionTreeMCMC
+from .population import PopulationDDT
+
+__all__ = ["DDTFit", "fit_ddt"]
+
+
+class DDTFit(NamedTuple):
+    """Result of :func:`fit_ddt`.
+
+    tree: the highest-``log_joint`` tree seen (a single :class:`Tree`).
+    labels: ``cut_tree(tree, t_stop)`` (or ``num_clusters``), ``(n,)`` int32.
+    log_joint: trace ``(num_chains, num_samples)`` of the unnormalised log posterior.
+    c, sigma: the hyperparameters at the best draw.
+    t_stop: the cut used (``None`` when ``num_clusters`` was given).
+    samples: all draws, ``{"tree", "c", "sigma"}`` grouped by chain ``(num_chains, num_samples, …)``.
+    """
+
+    tree: Tree
+    labels: np.ndarray
+    log_joint: np.ndarray
+    c: float
+    sigma: float
+    t_stop: float | None
+    samples: dict
+
+
+def _collect(state) -> dict:
+    """What :func:`fit_ddt` keeps of a kernel state at each draw: the sites and ``log_joint``."""
+    return {"z": state.z, "log_joint": state.log_joint}
+
+
+def fit_ddt(
+    X: Any,
+    num_chains: int = 8,
+    num_samples: int = 200,
+    key: jax.Array | None = None,
+    *,
+    num_warmup: int | None = None,
+    population: bool = True,
+    subset_size: int | None = None,
+    temperature: float = 1.0,
+    c_prior: Any = None,
+    sigma_prior: Any = None,
+    noise: float | None = None,
+    t_stop: float | None = None,
+    num_clusters: int | None = None,
+    progress_bar: bool | None = None,
+    heartbeat: Any = None,
+) -> DDTFit:
+    """Fit a Dirichlet diffusion tree to ``X`` and cut it into clusters (docs/mathematics.md §5).
+
+    Model: ``c ~ c_prior`` (default ``LogNormal(0, 1)``), ``σ ~ sigma_prior``
+    (default ``LogNormal(log sd(X), 1)``, sd over all entries),
+    ``tree ~ DiffusionTree(c, n)``, ``X ~ BrownianLeaves(tree, σ, noise)``
+    with fixed ``noise`` (default ``0.1 · sd(X)``). Runs :class:`PopulationDDT`
+    (``population=True``, needs ``num_chains >= 2``) or vectorised independent
+    :class:`DiffusionTreeMCMC` chains through :func:`jaxbnp.inference.runner.run`
+    (the draws of ``numpyro.infer.MCMC(..., chain_method="vectorized")``);
+    returns the best tree seen, its labels
+    from :func:`~jaxbnp.models.ddt.cut_tree` at ``t_stop`` (default 0.5) or at
+    ``num_clusters``, the ``log_joint`` trace and all draws. ``subset_size``
+    defaults to ``max(1, min(n − 1, n // 4))``. ``progress_bar``: a bar
+    (``None``: auto, shown only on a terminal outside CI; ``jaxbnp._progress``).
+    ``heartbeat``: an object with ``tick(n)``, advanced as the run goes (``runner.run``).
+    """
+    Xn = check_data(X)
+    n = Xn.shape[0]
+    if n < 2:
+        raise ValueError(f"fit_ddt needs at least 2 points, got {n}.")
+    for name, value in (("num_chains", num_chains), ("num_samples", num_samples)):
+        if int(value) < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}.")
+    if population and int(num_chains) < 2:
+        raise ValueError("population=True needs num_chains >= 2 (or pass population=False).")
+    if t_stop is not None and num_clusters is not None:
+        raise ValueError("Pass t_stop or num_clusters, not both.")
+    if t_stop is not None and not 0.0 < float(t_stop) <= 1.0:
+        raise ValueError(f"t_stop must be in (0, 1], got {t_stop}.")
+    if num_clusters is not None and not 1 <= int(num_clusters) <= n:
+        raise ValueError(f"num_clusters must be in 1..{n}, got {num_clusters}.")
+    scale = float(np.std(Xn)) or 1.0
+    noise = 0.1 * scale if noise is None else float(noise)
+    if noise < 0 or not np.isfinite(noise):
+        raise ValueError(f"noise must be >= 0, got {noise}.")
+    c_prior = dist.LogNormal(0.0, 1.0) if c_prior is None else c_prior
+    sigma_prior = dist.LogNormal(float(np.log(scale)), 1.0) if sigma_prior is None else sigma_prior
+    if subset_size is None:
+        subset_size = max(1, min(n - 1, n // 4))
+    Xj = jnp.asarray(Xn, jnp.result_type(float))
+    num_chains, num_samples = int(num_chains), int(num_samples)
+
+    def model(X):
+        c = numpyro.sample("c", c_prior)
+        sigma = numpyro.sample("sigma", sigma_prior)
+        tree = numpyro.sample("tree", DiffusionTree(c, X.shape[0]))
+        numpyro.sample("X", BrownianLeaves(tree, sigma, noise), obs=X)
+
+    def make_kernel(capacity):  # no cluster capacity: capacity is None
+        if population:
+            return PopulationDDT(model, num_chains, int(subset_size), temperature)
+        return DiffusionTreeMCMC(model)
+
+    auto_enable()  # the persistent compilation cache (jaxbnp._cache)
+    result = run(
+        make_kernel, jax.random.key(0) if key is None else key, (Xj,),
+        num_warmup=num_samples // 2 if num_warmup is None else int(num_warmup),
+        num_samples=num_samples, num_chains=num_chains, collect=_collect,
+        progress_bar=progress_bar, description="ddt", heartbeat=heartbeat,
+        cache_key=None,  # the model closes over the priors and the noise: compile afresh
+    )
+    samples = result.samples["z"]
+    lj = np.asarray(result.samples["log_joint"]).reshape(num_chains, -1)
+    ci, si = np.unravel_index(np.nanargmax(lj), lj.shape)
+    best = jax.tree.map(lambda a: a[ci, si], samples["tree"])
+    if num_clusters is not None:
+        labels = cut_tree(best, num_clusters=int(num_clusters))
+        used = None
+    else:
+        used = 0.5 if t_stop is None else float(t_stop)
+        labels = cut_tree(best, used)
+    c_best, s_best = (float(np.asarray(samples[k])[ci, si]) for k in ("c", "sigma"))
+    return DDTFit(best, np.asarray(labels), lj, c_best, s_best, used, samples)
