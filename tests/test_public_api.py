@@ -19,5 +19,5 @@ def test_every_public_name_is_reachable_and_listed():
     unreachable = [name for name in bnp.__all__ if not hasattr(bnp, name)]
     assert not unreachable, unreachable
     assert set(bnp.__all__) <= set(dir(bnp))
-    assert bnp.fit_ddt is bnp.inference.trees.mcmc.fit_ddt
+    assert bnp.fit_ddt is bnp.inference.trees.fit.fit_ddt
     assert bnp.select_alpha is bnp.estimators.select_alpha
