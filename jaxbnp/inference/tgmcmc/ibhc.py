@@ -207,10 +207,6 @@ class Node:
         return self.left is None
 
     @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
-    @property
     def log_d(self) -> float:
         """``log d(l(c), r(c))``; ``−inf`` for a leaf (d = 0 by the paper's convention)."""
         if self.is_leaf:
