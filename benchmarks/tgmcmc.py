@@ -235,9 +235,9 @@ def make_kernel(sampler: str, model, capacity: int, args, mode: str = "fixed"):
 def noisy_labels(X: np.ndarray, measure, family, seed: int) -> np.ndarray:
     """The paper's noisy initial partition (section 4.1), via jaxbnp's tgMCMC host."""
     try:
-        from jaxbnp.inference.tgmcmc.kernel import TreeGuidedHost
+        from jaxbnp.inference.tgmcmc.host import TreeGuidedHost
     except ImportError as exc:  # pragma: no cover - while tgmcmc.py is being written
-        raise RuntimeError(f"noisy initialisation needs jaxbnp.inference.tgmcmc.kernel.TreeGuidedHost: {exc}")
+        raise RuntimeError(f"noisy initialisation needs jaxbnp.inference.tgmcmc.host.TreeGuidedHost: {exc}")
     host = TreeGuidedHost(X, measure, family, u=1.0)
     return np.asarray(host.noisy_labels(np.random.default_rng(seed)), dtype=np.int32)
 
@@ -649,13 +649,9 @@ def run_cell(data: str, measure_kind: str, X, y, args, data_dir: Path, res: dict
 
 def _drop_tree_stores() -> None:
     """Free tgMCMC's host tree stores between runs (memory; no cache shared across runs)."""
-    try:
-        from jaxbnp.inference.tgmcmc import kernel as tg_module
-    except ImportError:  # pragma: no cover
-        return
-    stores = getattr(tg_module, "_HOSTS", None)
-    if hasattr(stores, "clear"):
-        stores.clear()
+    from jaxbnp.inference.tgmcmc.host import clear_host_trees
+
+    clear_host_trees()
 
 
 def main(argv=None):

@@ -369,7 +369,7 @@ def test_merge_reverse_probability_eq12():
 
 
 # ----------------------------------------------------------------------------- edits
-def test_detach_copy_set_u_and_cut_tree():
+def test_detach_copy_set_u_and_cut_host_tree():
     model = ib.TreeModel(X_SMALL, NGGP(1.0, 0.4), FAMILY, 0.8)
     root = _example_tree(model)
     copy = ib.copy_tree(root)
@@ -385,7 +385,7 @@ def test_detach_copy_set_u_and_cut_tree():
     _assert_consistent(model, rest)
     _assert_consistent(model, copy)
     _assert_consistent(model, model.leaf(2))  # new leaves use the new u too
-    clusters = ib.cut_tree(copy)
+    clusters = ib.cut_host_tree(copy)
     assert sorted(np.concatenate([t.points() for t in clusters]).tolist()) == list(range(6))
     for t in clusters:
         assert t.parent is None and (t.is_leaf or t.log_d <= 0)

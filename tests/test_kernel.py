@@ -271,3 +271,58 @@ def test_nggp_u_starts_at_its_conditional_mode_unless_given():
     assert float(state.z["u"]) == pytest.approx(expected, rel=1e-6)
     state = kernel.init(jax.random.key(0), 0, {"z": labels, "u": jnp.asarray(2.5)}, (jnp.asarray(X),), {})
     assert float(state.z["u"]) == pytest.approx(2.5)
+
+
+# ----------------------------------------------------------------------------- composable moves
+def test_moves_chain_splits_the_key_once_and_matches_the_gibbs_core():
+    """``chain(gibbs_sweep(), update_u())`` is ``gibbs.step``: the key split once into two."""
+    from jaxbnp.inference.partition import moves
+
+    X = jnp.asarray(_data(8))
+    measure = bnp.NGGP(1.0, 0.3)
+    state = gibbs.init(NG, X, np.zeros(8, int), 8, u=2.0)
+    ctx = moves.Context(X, measure, NG)
+    move = moves.chain(moves.gibbs_sweep(), moves.update_u())
+    key = jax.random.key(4)
+    got, info = moves.step(key, moves.init(state, ctx, move), ctx, move)
+    want, gibbs_info = gibbs.step(key, state, X, measure, NG)
+    chex.assert_trees_all_equal(got.partition, want)
+    assert int(gibbs_info.num_clusters) == int(want.clusters.num_clusters)
+    assert info.moves == ((), ()) and int(info.mh.num_proposed) == 0
+
+
+def test_moves_repeat_zero_is_the_identity_and_counts_add_up():
+    from jaxbnp.inference.partition import moves
+
+    X = jnp.asarray(_data(8))
+    state = gibbs.init(NG, X, np.zeros(8, int), 8)
+    ctx = moves.Context(X, bnp.DP(1.0), NG)
+    for n in (0, 3):
+        move = moves.chain(moves.split_merge(n), moves.gibbs_sweeps(n))
+        new, info = moves.step(jax.random.key(0), moves.init(state, ctx, move), ctx, move)
+        assert int(info.mh.num_proposed) == n
+        assert 0 <= int(info.mh.num_accepted) <= n
+        if n == 0:
+            chex.assert_trees_all_equal(new.partition, state)
+    # a chain of k-key moves hands out sum(num_keys) keys, in order
+    assert moves.chain(moves.local_moves(1), moves.update_u()).num_keys == 1
+    assert moves.local_moves(1).num_keys == 2
+
+
+def test_partition_kernel_runs_a_users_move_and_keeps_nothing_on_self():
+    """A user's ``chain`` of moves through ``PartitionKernel``; the MH statistics come back
+    as extra fields, and sampling sets no attribute on the kernel."""
+    from jaxbnp.inference.partition import moves
+    from jaxbnp.inference.partition.kernels import PartitionKernel
+
+    X = _data(8)
+    move = moves.chain(moves.split_merge(2, num_restricted_scans=1), moves.local_moves(1), moves.update_u())
+    kernel = PartitionKernel(dp_model, move)
+    mcmc = MCMC(kernel, num_warmup=2, num_samples=4, num_chains=2, chain_method="vectorized",
+                progress_bar=False)
+    mcmc.run(jax.random.key(0), X, extra_fields=("num_proposed", "mean_log_accept"))
+    before = dict(vars(kernel))
+    kernel.sample(mcmc.last_state, (X,), {})
+    assert vars(kernel).keys() == before.keys()
+    assert np.all(np.asarray(mcmc.get_extra_fields()["num_proposed"]) == 2)
+    assert np.all(np.asarray(mcmc.get_extra_fields()["mean_log_accept"]) <= 0.0)

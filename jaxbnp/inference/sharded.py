@@ -168,9 +168,9 @@ class Layout:
 def make_layout(num_points: int, num_shards: int, block_size: int) -> Layout:
     """The layout of ``num_points`` points on ``num_shards`` shards with global blocks of
     about ``block_size`` points (rounded up to a multiple of ``num_shards``)."""
-    num_points = check_int("num_points", num_points)
-    num_shards = check_int("num_shards", num_shards)
-    block_size = check_int("block_size", block_size)
+    num_points = check_int("num_points", num_points, 1)
+    num_shards = check_int("num_shards", num_shards, 1)
+    block_size = check_int("block_size", block_size, 1)
     local_block = -(-block_size // num_shards)
     num_blocks = -(-num_points // (local_block * num_shards))
     return Layout(num_points, num_shards, local_block, num_blocks)
@@ -265,8 +265,8 @@ def _check_points(X: Any, family) -> Any:
 
 def _check_inputs(X, family, capacity, block_size, mesh):
     X = _check_points(X, family)
-    capacity = check_int("capacity", capacity)
-    block_size = check_int("block_size", block_size)
+    capacity = check_int("capacity", capacity, 1)
+    block_size = check_int("block_size", block_size, 1)
     mesh = make_mesh() if mesh is None else mesh
     _mesh_axis(mesh)
     return X, capacity, block_size, mesh
@@ -438,7 +438,7 @@ def fit_mapdp(
     Raises ``CapacityError`` if the clusters outgrew ``capacity``.
     """
     X, capacity, block_size, mesh = _check_inputs(X, family, capacity, block_size, mesh)
-    max_iter = check_int("max_iter", max_iter)
+    max_iter = check_int("max_iter", max_iter, 1)
     layout = make_layout(X.shape[0], mesh.devices.size, block_size)
     data = shard_data(X, mesh, layout)
     out = _mapdp_program(mesh, layout, capacity, float(tol), max_iter)(data.X, data.valid, measure, family)
@@ -559,7 +559,7 @@ def gibbs(
     outgrew ``capacity``.
     """
     X, capacity, block_size, mesh = _check_inputs(X, family, capacity, block_size, mesh)
-    num_sweeps = check_int("num_sweeps", num_sweeps)
+    num_sweeps = check_int("num_sweeps", num_sweeps, 1)
     n = X.shape[0]
     if labels is None:
         labels = np.zeros(n, np.int32)

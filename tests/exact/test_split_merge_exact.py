@@ -34,7 +34,8 @@ import pytest
 
 import jaxbnp as bnp
 from jaxbnp.inference.partition.clusters import canonical_labels, init_clusters
-from jaxbnp.inference.partition.split_merge import SplitMerge, split_merge_move, split_merge_move_info
+from jaxbnp.inference.partition.kernels import SplitMerge
+from jaxbnp.inference.partition.split_merge import split_merge_move, split_merge_move_info
 
 from .enumeration import set_partitions, total_variation
 from .test_gibbs_exact import NG, TV_TOLERANCE, _exact, _gaussian_data, _model, _nggp_log_eppf_quad

@@ -1,6 +1,6 @@
 """tgMCMC's compiled global moves (``trees="device"``, the default) against the host trees.
 
-The device moves (``jaxbnp.inference.tgmcmc.kernel.device``) must be the same exact
+The device moves (``jaxbnp.inference.tgmcmc.device``) must be the same exact
 chain as the host moves (``TreeGuidedHost``), whose detailed balance is checked
 pair by pair in ``test_tgmcmc_exact.py``:
 
@@ -25,11 +25,12 @@ from numpyro.infer import MCMC
 
 import jaxbnp as bnp
 from jaxbnp.inference.tgmcmc import device as tgmcmc_device
-from jaxbnp.inference.tgmcmc.kernel import TreeGuidedHost, masks_from_labels
+from jaxbnp.inference.tgmcmc.host import TreeGuidedHost, masks_from_labels
 
 from .enumeration import canonical, set_partitions, total_variation
 from .test_gibbs_exact import NG, TV_TOLERANCE, _exact, _gaussian_data, _model
 from .test_tgmcmc_exact import N, NGGP, NW, STATES
+from .tgmcmc_device_q import proposal_log_prob
 
 
 def _case(name):
@@ -48,7 +49,7 @@ def test_device_proposal_probabilities_equal_the_host_ones(name):
         total, compared = 0.0, 0
         for p in parts:
             want = host.log_q(masks, masks_from_labels(p))
-            got = tgmcmc_device.proposal_log_prob(X, measure, family, u, labels, np.asarray(p))
+            got = proposal_log_prob(X, measure, family, u, labels, np.asarray(p))
             if canonical(p) == canonical(labels):
                 assert np.isneginf(got)
                 continue
@@ -101,7 +102,7 @@ def _trees(pool, roots):
     for k, r in enumerate(np.asarray(roots)):
         if r < 0:
             continue
-        order, count, _ = tgmcmc_device._preorder(pool, int(r))
+        order, count, _ = tgmcmc_device.preorder(pool, int(r))
         out[k] = [(int(v), int(pool.left[v]), int(pool.right[v]), int(pool.size[v]), float(pool.log_h[v]),
                    float(pool.log_t[v])) for v in np.asarray(order)[: int(count)]]
     return out
@@ -118,7 +119,7 @@ def test_kept_forest_gives_the_draws_and_trees_of_a_fresh_build():
     start = np.arange(n, dtype=np.int32) % 8  # 8 clusters that merges improve
     key = jax.random.key(3)
     forest = tgmcmc_device.empty_forest(X, NGGP, family, 2.5, capacity)
-    forest = tgmcmc_device.global_moves_forest(key, forest, start, X, NGGP, family, 2.5, num_moves=12)[5]
+    forest, _ = tgmcmc_device.global_moves_forest(key, forest, start, X, NGGP, family, 2.5, num_moves=12)
     labels_a = np.asarray(forest.labels)  # the partition the kept trees are of
     labels_b = labels_a.copy()
     labels_b[[1, 7]] = labels_a[[2, 3]]  # moved to other clusters (or kept, if the same)
@@ -126,14 +127,16 @@ def test_kept_forest_gives_the_draws_and_trees_of_a_fresh_build():
     assert not np.array_equal(labels_a, labels_b)
     key = jax.random.key(6)  # accepts moves from both states
     for labels, u in [(labels_b, 2.5), (labels_a, 3.0)]:
-        kept = tgmcmc_device.global_moves_forest(key, forest, labels, X, NGGP, family, u, num_moves=12)
-        fresh = tgmcmc_device.global_moves(key, labels, X, NGGP, family, u, capacity=capacity, num_moves=12)
-        for i in (0, 1, 2, 4):  # labels, accepted, proposed, no_room: the same draws
-            np.testing.assert_array_equal(np.asarray(kept[i]), np.asarray(fresh[i]))
-        np.testing.assert_allclose(float(kept[3]), float(fresh[3]), rtol=1e-12)  # mean log r, to rounding
-        assert int(kept[1]) > 0  # some moves were accepted, so the returned trees were edited
-        new = kept[5]
-        np.testing.assert_array_equal(np.asarray(new.labels), np.asarray(kept[0]))
+        new, kept = tgmcmc_device.global_moves_forest(key, forest, labels, X, NGGP, family, u, num_moves=12)
+        fresh_labels, fresh = tgmcmc_device.global_moves(key, labels, X, NGGP, family, u, capacity=capacity,
+                                                         num_moves=12)
+        # labels, accepted, proposed, no_room: the same draws
+        np.testing.assert_array_equal(np.asarray(new.labels), np.asarray(fresh_labels))
+        for name in ("num_accepted", "num_proposed", "num_log_accept", "no_room"):
+            np.testing.assert_array_equal(np.asarray(getattr(kept, name)), np.asarray(getattr(fresh, name)))
+        np.testing.assert_allclose(float(kept.mean_log_accept), float(fresh.mean_log_accept),
+                                   rtol=1e-12)  # mean log r, to rounding
+        assert int(kept.num_accepted) > 0  # some moves were accepted, so the returned trees were edited
         ctx = tgmcmc_device.make_context(X, NGGP, family, u)
         pool, roots = tgmcmc_device.build_forest(ctx, new.labels, capacity)
         np.testing.assert_array_equal(np.asarray(new.roots), np.asarray(roots))
@@ -145,7 +148,7 @@ def test_kept_forest_gives_the_draws_and_trees_of_a_fresh_build():
 
 
 def test_preorder_matches_a_recursive_walk():
-    """The stackless ``_preorder``: parents first, left before right, every node of the
+    """The stackless ``preorder``: parents first, left before right, every node of the
     tree once, and SampleSub's ``log d`` beside each internal node (a one-point tree too)."""
     n = 30
     X = _gaussian_data(n, dim=2, seed=11)
@@ -160,7 +163,7 @@ def test_preorder_matches_a_recursive_walk():
 
     for k in range(4):
         r = int(roots[k])
-        order, count, log_d = tgmcmc_device._preorder(pool, r)
+        order, count, log_d = tgmcmc_device.preorder(pool, r)
         want = walk(r)
         assert int(count) == len(want) == 2 * np.sum(labels == k) - 1
         np.testing.assert_array_equal(np.asarray(order)[: len(want)], want)
@@ -174,7 +177,7 @@ def test_preorder_matches_a_recursive_walk():
 
 
 def test_draw_index_follows_its_probabilities():
-    """``_draw_index`` (SampleSub's draw): frequencies over 40,000 draws within 0.02 in
+    """``draw_index`` (SampleSub's draw): frequencies over 40,000 draws within 0.02 in
     total variation of ``exp(log_p)``, and never an entry of probability zero."""
     rng = np.random.default_rng(2)
     w = rng.gamma(0.5, size=60)
@@ -183,7 +186,7 @@ def test_draw_index_follows_its_probabilities():
     with np.errstate(divide="ignore"):
         log_p = np.log(w / w.sum())
     keys = jax.random.split(jax.random.key(0), 40_000)
-    draws = np.asarray(jax.vmap(lambda k: tgmcmc_device._draw_index(k, log_p))(keys))
+    draws = np.asarray(jax.vmap(lambda k: tgmcmc_device.draw_index(k, log_p))(keys))
     assert np.all(w[draws] > 0)
     freq = np.bincount(draws, minlength=60) / draws.size
     assert 0.5 * np.abs(freq - w / w.sum()).sum() < 0.02

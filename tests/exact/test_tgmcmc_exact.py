@@ -1,6 +1,6 @@
 """Tree-guided MCMC against the exact posterior over all set partitions of 7 points.
 
-Three levels of checks (module docstring of ``jaxbnp.inference.tgmcmc.kernel``):
+Three levels of checks (module docstring of ``jaxbnp.inference.tgmcmc.kernel``; host trees in ``.host``):
 
 1. The global move's proposal law: from several partitions, the proposal
    probabilities ``q(Π*|Π)`` of every partition ``Π*`` plus the probability
@@ -34,7 +34,7 @@ import pytest
 from numpyro.infer import MCMC
 
 import jaxbnp as bnp
-from jaxbnp.inference.tgmcmc.kernel import (
+from jaxbnp.inference.tgmcmc.host import (
     TreeGuidedHost, labels_from_masks, masks_from_labels,
 )
 

@@ -32,7 +32,8 @@ __all__ = [
     "ClusterState",
     "init_clusters",
     "clusters_from_labels",
-    "move_point",
+    "compact_labels",
+    "PartitionState",
     "canonical_labels",
     "first_free_slot",
     "cluster_log_joint",
@@ -68,6 +69,17 @@ class ClusterState(NamedTuple):
     @property
     def capacity(self) -> int:
         return self.counts.shape[-1]
+
+
+class PartitionState(NamedTuple):
+    """A partition and the measure's auxiliary variable: what every partition move updates.
+
+    clusters: the fixed-capacity :class:`ClusterState`.
+    u: NGGP's auxiliary ``u`` (docs/mathematics.md §1); ``1.0`` for measures without it.
+    """
+
+    clusters: ClusterState
+    u: jax.Array
 
 
 def compact_labels(labels: np.ndarray) -> np.ndarray:
@@ -125,15 +137,6 @@ def first_free_slot(counts: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Index of the first empty slot and whether one exists."""
     free = counts == 0
     return jnp.argmax(free), jnp.any(free)
-
-
-def move_point(state: ClusterState, point_stats, old: jax.Array, new: jax.Array) -> ClusterState:
-    """Move one point (statistics ``point_stats``) from slot ``old`` to slot ``new``."""
-    stats = jax.tree.map(
-        lambda s, p: s.at[old].add(-p).at[new].add(p), state.stats, point_stats
-    )
-    counts = state.counts.at[old].add(-1).at[new].add(1)
-    return state._replace(counts=counts, stats=stats)
 
 
 def canonical_labels(labels: jax.Array, capacity: int) -> jax.Array:

@@ -7,8 +7,9 @@ measure gives the weights ``w`` (docs/mathematics.md §1) and the family the pre
 (docs/mathematics.md §2). Everything is in log space and runs inside one ``fori_loop``.
 
 Kernel pattern (BlackJAX style): ``init(...) -> GibbsState`` and
-``step(key, state, X, measure, family) -> GibbsState``; many chains are a
-``jax.vmap`` over both.
+``step(key, state, X, measure, family) -> (GibbsState, GibbsInfo)``; many chains
+are a ``jax.vmap`` over both. Composable moves over a partition (a sweep, ``u``,
+split-merge, ...) are in :mod:`jaxbnp.inference.partition.moves`.
 
 NGGP measures also carry ``u``, updated after each sweep by slice sampling
 on ``log u`` (docs/mathematics.md §1). Optional conjugate hyperparameter updates:
@@ -25,11 +26,13 @@ import numpy as np
 from jax import lax
 
 from ...models.measures import Measure, NGGP
-from .clusters import ClusterState, init_clusters
+from .clusters import ClusterState, PartitionState, init_clusters
 from ..slice import slice_sample
 
 __all__ = [
     "GibbsState",
+    "GibbsInfo",
+    "packer",
     "init",
     "gibbs_sweep",
     "assignment_sweep",
@@ -41,11 +44,14 @@ __all__ = [
 ]
 
 
-class GibbsState(NamedTuple):
-    """State of one collapsed-Gibbs chain: clusters and the auxiliary ``u`` (1.0 if unused)."""
+#: State of one collapsed-Gibbs chain: clusters and the auxiliary ``u`` (1.0 if unused).
+GibbsState = PartitionState
 
-    clusters: ClusterState
-    u: jax.Array
+
+class GibbsInfo(NamedTuple):
+    """What one :func:`step` did: ``num_clusters`` after it."""
+
+    num_clusters: jax.Array
 
 
 def init(family, X, labels, capacity: int, u: float = 1.0) -> GibbsState:
@@ -54,7 +60,7 @@ def init(family, X, labels, capacity: int, u: float = 1.0) -> GibbsState:
     return GibbsState(init_clusters(family, X, labels, capacity), jnp.asarray(u, X.dtype))
 
 
-def _packer(tree):
+def packer(tree):
     """Pack a pytree with leading axis ``m`` into one ``(m, P)`` array, and its inverse.
 
     One scatter then updates a slot's whole statistics (or cached predictive
@@ -131,8 +137,8 @@ def assignment_sweep(
     capacity = clusters.counts.shape[0]
     order = jnp.arange(n) if order is None else order
     params = family.predictive_params(clusters.stats)
-    pack_stats, unpack_stats = _packer(clusters.stats)
-    pack_params, unpack_params = _packer(params)
+    pack_stats, unpack_stats = packer(clusters.stats)
+    pack_params, unpack_params = packer(params)
     prior_params = family.prior_predictive_params(X.shape[1], X.dtype)
     # log p(x_i) under the prior does not depend on the state: all points at once
     prior_log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, prior_params)[0])(X)
@@ -201,14 +207,14 @@ def update_u(key: jax.Array, u: jax.Array, counts: jax.Array, measure: NGGP) -> 
 
 def step(
     key: jax.Array, state: GibbsState, X: jax.Array, measure: Measure, family
-) -> GibbsState:
-    """One Gibbs sweep, then (NGGP) one slice update of ``u``."""
+) -> tuple[GibbsState, GibbsInfo]:
+    """One Gibbs sweep, then (NGGP) one slice update of ``u``; returns ``(state, info)``."""
     k_sweep, k_u = jax.random.split(key)
     clusters = gibbs_sweep(k_sweep, state.clusters, X, measure, family, state.u)
     u = state.u
     if measure.has_auxiliary:
         u = update_u(k_u, u, clusters.counts, measure)
-    return GibbsState(clusters, u)
+    return GibbsState(clusters, u), GibbsInfo(clusters.num_clusters)
 
 
 # ----------------------------------------------------------------------------- hyperparameters

@@ -32,20 +32,20 @@ a fixed-size index array), with the two clusters' statistics packed in one
 every slot is used and the split would be accepted, the state stays put and
 ``overflow`` is set (the kernel raises ``CapacityError``), never a silent drop.
 
-Kernel pattern: ``split_merge_move(key, clusters, X, measure, family, u)``
-returns the new ``ClusterState``; ``split_merge_move_info`` also returns a
-:class:`SplitMergeInfo` (proposal kind, ``log r``, acceptance).
-:class:`SplitMerge` is the NumPyro kernel.
+Kernel pattern: ``split_merge_move_info(key, clusters, X, measure, family, u)``
+returns ``(ClusterState, SplitMergeInfo)`` (proposal kind, ``log r``, acceptance);
+``split_merge_move`` the new ``ClusterState`` alone. As a composable move:
+:func:`jaxbnp.inference.partition.moves.split_merge`; the NumPyro kernel is
+:class:`jaxbnp.inference.partition.kernels.SplitMerge` (``bnp.SplitMerge``).
 
 Example
 -------
 >>> import jax, numpyro, jaxbnp as bnp
 >>> from numpyro.infer import MCMC
->>> from jaxbnp.inference.partition.split_merge import SplitMerge
 >>> def model(X):
 ...     z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
 ...     numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(), z), obs=X)
->>> kernel = SplitMerge(model, num_split_merge=5, gibbs_sweeps=1)
+>>> kernel = bnp.SplitMerge(model, num_split_merge=5, gibbs_sweeps=1)
 >>> mcmc = MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False)
 >>> mcmc.run(jax.random.key(0), jax.numpy.zeros((5, 1)))
 >>> mcmc.get_samples()["z"].shape
@@ -54,7 +54,7 @@ Example
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -62,12 +62,10 @@ from jax import lax
 
 from ..._validation import check_int
 from ...models.measures import Measure
-from . import gibbs as gibbs_core
 from .clusters import ClusterState, first_free_slot
-from .gibbs import _packer
-from .kernels import MoveStatsKernel
+from .gibbs import packer
 
-__all__ = ["SplitMergeInfo", "split_merge_move", "split_merge_move_info", "SplitMerge"]
+__all__ = ["SplitMergeInfo", "split_merge_move", "split_merge_move_info"]
 
 
 class SplitMergeInfo(NamedTuple):
@@ -111,7 +109,7 @@ def _restricted_scans(
     rank_one = hasattr(family, "params_add") and hasattr(family, "params_remove")
     if rank_one:
         params = family.predictive_params(unpack(stats))
-        pack_params, unpack_params = _packer(params)
+        pack_params, unpack_params = packer(params)
         state = pack_params(params)
     else:
         state = stats
@@ -209,7 +207,7 @@ def split_merge_move_info(
     # the members of S first, in index order: the scans loop over num_s of them only
     (order,) = jnp.nonzero(in_s, size=n, fill_value=0)
 
-    pack, unpack = _packer(family.point_stats(X[:1]))
+    pack, unpack = packer(family.point_stats(X[:1]))
     point_stats = pack(family.point_stats(X))  # (n, P)
 
     def masked_sum(mask):
@@ -313,101 +311,3 @@ def split_merge_move(
     return split_merge_move_info(
         key, clusters, X, measure, family, u, num_restricted_scans
     )[0]
-
-
-class SplitMerge(MoveStatsKernel):
-    """Jain & Neal (2004) split-merge sampler (the tgMCMC paper's "SM") as a NumPyro kernel.
-
-    Each iteration does ``num_split_merge`` split-merge moves
-    (:func:`split_merge_move`, each with ``num_restricted_scans`` intermediate
-    restricted Gibbs scans), then ``gibbs_sweeps`` collapsed Gibbs sweeps
-    (Neal's algorithm 3), then, for NGGP, a slice update of ``u``. With
-    ``gibbs_sweeps=0`` it is split-merge alone, which is already an
-    irreducible sampler of the partition.
-
-    :param model: a NumPyro model with one latent ``Partition`` site and one
-        observed ``ConjugateMixture`` site, as for :class:`CollapsedGibbs`.
-    :param num_split_merge: split-merge moves per iteration (``>= 0``; at
-        least 1 when ``gibbs_sweeps=0``).
-    :param num_restricted_scans: intermediate restricted Gibbs scans that build
-        the launch state (``>= 0``; Jain & Neal's ``t``).
-    :param gibbs_sweeps: collapsed Gibbs sweeps per iteration (``>= 0``).
-    :param capacity, init_strategy, update_hyperparameters, chain_batching:
-        as for :class:`CollapsedGibbs`. A split that needs a slot when all are
-        used raises ``CapacityError``.
-
-    Extra fields (``MCMC.run(..., extra_fields=...)``): ``log_joint``,
-    ``num_clusters``, and per iteration ``num_accepted``, ``num_proposed``
-    (= ``num_split_merge``) and ``mean_log_accept`` (mean ``log min(1, r)``
-    over the iteration's moves).
-
-    Example: ``MCMC(SplitMerge(model, num_split_merge=10), num_warmup=100,
-    num_samples=1000).run(key, X)``; see the module docstring.
-    """
-
-    def __init__(
-        self,
-        model: Callable,
-        *,
-        num_split_merge: int = 1,
-        num_restricted_scans: int = 5,
-        gibbs_sweeps: int = 1,
-        capacity: int | None = None,
-        init_strategy: str = "one",
-        update_hyperparameters: bool = False,
-        chain_batching: str = "auto",
-    ):
-        num_split_merge = check_int("num_split_merge", num_split_merge)
-        num_restricted_scans = check_int("num_restricted_scans", num_restricted_scans)
-        gibbs_sweeps = check_int("gibbs_sweeps", gibbs_sweeps)
-        if gibbs_sweeps == 0 and num_split_merge < 1:
-            raise ValueError(
-                "SplitMerge with gibbs_sweeps=0 needs num_split_merge >= 1 "
-                f"(got {num_split_merge}); otherwise the partition never moves."
-            )
-        super().__init__(
-            model,
-            capacity=capacity,
-            init_strategy=init_strategy,
-            update_hyperparameters=update_hyperparameters,
-            chain_batching=chain_batching,
-        )
-        self._num_split_merge = num_split_merge
-        self._num_restricted_scans = num_restricted_scans
-        self._gibbs_sweeps = gibbs_sweeps
-
-    def _core_step(
-        self, key: jax.Array, state: gibbs_core.GibbsState, X: jax.Array, measure, family
-    ) -> gibbs_core.GibbsState:
-        """Split-merge moves, then collapsed Gibbs sweeps, then (NGGP) ``u``."""
-        k_moves, k_sweeps, k_u = jax.random.split(key, 3)
-        clusters, u = state.clusters, state.u
-        if self._num_split_merge:
-            move_keys = jax.random.split(k_moves, self._num_split_merge)
-
-            def move(t, carry):
-                c, accepted, log_accept = carry
-                c, info = split_merge_move_info(
-                    move_keys[t], c, X, measure, family, u, self._num_restricted_scans
-                )
-                return (c, accepted + info.accepted.astype(jnp.int32),
-                        log_accept + jnp.minimum(info.log_ratio, 0.0).astype(jnp.float32))
-
-            zero = jnp.zeros((), jnp.float32)
-            clusters, accepted, log_accept = lax.fori_loop(
-                0, self._num_split_merge, move, (clusters, jnp.zeros((), jnp.int32), zero)
-            )
-            self._move_stats = (
-                accepted, jnp.int32(self._num_split_merge), log_accept / self._num_split_merge
-            )
-        if self._gibbs_sweeps:
-            sweep_keys = jax.random.split(k_sweeps, self._gibbs_sweeps)
-            clusters = lax.fori_loop(
-                0,
-                self._gibbs_sweeps,
-                lambda t, c: gibbs_core.gibbs_sweep(sweep_keys[t], c, X, measure, family, u),
-                clusters,
-            )
-        if measure.has_auxiliary:
-            u = gibbs_core.update_u(k_u, u, clusters.counts, measure)
-        return gibbs_core.GibbsState(clusters, u)

@@ -1,6 +1,6 @@
 """tgMCMC's global moves compiled in JAX: IBHC trees as fixed-size arrays (docs/mathematics.md §4).
 
-The same exact chain as :class:`~jaxbnp.inference.tgmcmc.kernel.TreeGuidedHost`
+The same exact chain as :class:`~jaxbnp.inference.tgmcmc.host.TreeGuidedHost`
 (its module docstring: canonical trees, the total probability of a split
 summed over every cut node that yields it, early rejection), with the trees
 held in arrays instead of host ``Node`` objects, so that a whole iteration's
@@ -46,16 +46,23 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 __all__ = [
     "Pool",
     "TreeContext",
+    "Unpack",
+    "GlobalMovesInfo",
+    "preorder",
+    "draw_index",
+    "cluster_arrays",
+    "log_d_row",
+    "log_select_alone",
+    "empty_pool",
     "make_context",
     "build_forest",
     "build_tree",
@@ -66,7 +73,6 @@ __all__ = [
     "Forest",
     "empty_forest",
     "refresh_forest",
-    "proposal_log_prob",
 ]
 
 
@@ -92,15 +98,28 @@ class TreeContext(NamedTuple):
     lik: Callable  # packed (B, P) -> (B,)
 
 
-def _flat_stats(family, X):
-    """Per-point statistics as one ``(n, P)`` array and the function back to the pytree
-    (``ibhc._Unpack``, the layout of the host trees' packed statistics)."""
-    from .ibhc import _Unpack
+class Unpack(NamedTuple):
+    """Static description of packed statistics: ``(B, P)`` rows back to the family's pytree
+    (the layout of both the device trees and the host trees of :mod:`.ibhc`)."""
 
+    treedef: Any
+    shapes: tuple
+
+    def __call__(self, packed):
+        out, start = [], 0
+        for shape in self.shapes:
+            size = math.prod(shape)
+            out.append(packed[..., start:start + size].reshape(packed.shape[:-1] + shape))
+            start += size
+        return self.treedef.unflatten(out)
+
+
+def _flat_stats(family, X):
+    """Per-point statistics as one ``(n, P)`` array and the :class:`Unpack` back to the pytree."""
     leaves, treedef = jax.tree.flatten(family.point_stats(X))
     n = X.shape[0]
     packed = jnp.concatenate([x.reshape(n, -1) for x in leaves], axis=1)
-    return packed, _Unpack(treedef, tuple(x.shape[1:] for x in leaves))
+    return packed, Unpack(treedef, tuple(x.shape[1:] for x in leaves))
 
 
 def make_context(X, measure, family, u) -> TreeContext:
@@ -288,7 +307,7 @@ def build_forest(ctx: TreeContext, labels, capacity: int):
     return _rebuild_slots(ctx, empty_pool(ctx), -jnp.ones(capacity, jnp.int32), labels, occupied)
 
 
-def _preorder(pool: Pool, root):
+def preorder(pool: Pool, root):
     """Nodes of the tree at ``root`` in pre-order (parents first, left before right):
     ``(order, count, log_d)``, with ``log_d`` the ``log d`` of each internal node of
     ``order`` (``-inf`` for leaves and padding), SampleSub's weights.
@@ -326,7 +345,7 @@ def _preorder(pool: Pool, root):
 
 def _sample_sub_log_probs(log_d):
     """SampleSub over the internal nodes of a tree (``ibhc.sample_sub(internal_only=True)``):
-    ``log`` probability per entry of ``_preorder``'s order, from its ``log_d``
+    ``log`` probability per entry of ``preorder``'s order, from its ``log_d``
     (``-inf`` for leaves and padding)."""
     valid = log_d > -jnp.inf
     log_eps = jnp.max(log_d)
@@ -334,7 +353,7 @@ def _sample_sub_log_probs(log_d):
     return log_w - jax.nn.logsumexp(log_w)
 
 
-def _draw_index(key, log_p):
+def draw_index(key, log_p):
     """An index drawn with probabilities ``exp(log_p)`` (``-inf``: never) by inverting
     their cumulative sum at one uniform, as ``jax.random.choice`` does. For long
     arrays it is much cheaper than ``jax.random.categorical``, which draws a Gumbel
@@ -482,7 +501,7 @@ def split_log_prob(ctx: TreeContext, pool: Pool, root, part_of_leaf, max_parts: 
     Summed over every internal node whose cut, with forced insertions, yields
     it; ``known_node``'s term is ``known_log_prob`` (the proposal's own path).
     """
-    order, count, log_d = _preorder(pool, root)
+    order, count, log_d = preorder(pool, root)
     log_p = _sample_sub_log_probs(log_d)
     part = _subtree_parts(pool, order, count, part_of_leaf)
     num = order.shape[0]
@@ -537,14 +556,14 @@ def merge_log_q(ctx, stats, size, log_t, active, picked, max_rows: int):
     return jax.nn.logsumexp(jnp.where(row_ok, terms, -jnp.inf))
 
 
-def _log_d_row(ctx, stats, size, log_t, c):
+def log_d_row(ctx, stats, size, log_t, c):
     """``log d(c, j)`` of cluster ``c`` to every slot ``j`` (statistics, sizes, root ``log_t``)."""
     h = (ctx.log_kappa[jnp.minimum(size + size[c], ctx.log_kappa.shape[0] - 1)]
          + ctx.lik(stats + stats[c]))
     return log_t[c] + log_t - h
 
 
-def _log_select_alone(log_d_row, active, c):
+def log_select_alone(log_d_row, active, c):
     """``log`` of picking cluster ``c`` and leaving every other cluster out of ``M``."""
     k = jnp.sum(active)
     keep = -jnp.logaddexp(0.0, -log_d_row)
@@ -553,7 +572,7 @@ def _log_select_alone(log_d_row, active, c):
 
 
 # ----------------------------------------------------------------------------- the global moves
-def _clusters(pool, roots):
+def cluster_arrays(pool, roots):
     ok = roots >= 0
     r = jnp.maximum(roots, 0)
     stats = jnp.where(ok[:, None], pool.stats[r], 0.0)
@@ -588,9 +607,9 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
     capacity = roots.shape[0]
     dtype = pool.log_t.dtype
     k_pick, k_m, k_sub, k_ins, k_u = jax.random.split(key, 5)
-    active, stats, size, log_t, log_h = _clusters(pool, roots)
+    active, stats, size, log_t, log_h = cluster_arrays(pool, roots)
     c = jax.random.categorical(k_pick, jnp.where(active, 0.0, -jnp.inf))
-    log_d_c = _log_d_row(ctx, stats, size, log_t, c)
+    log_d_c = log_d_row(ctx, stats, size, log_t, c)
     others = active & (jnp.arange(capacity) != c)
     into_m = others & (jnp.log(jax.random.uniform(k_m, (capacity,))) < -jnp.logaddexp(0.0, log_d_c))
     is_merge = jnp.any(into_m)
@@ -619,13 +638,13 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
 
     def split(_):
         root = roots[c]
-        order, count, log_d = _preorder(pool, root)
+        order, count, log_d = preorder(pool, root)
         log_p = _sample_sub_log_probs(log_d)
-        j = _draw_index(k_sub, log_p)
+        j = draw_index(k_sub, log_p)
         v = order[j]
         pool1, S, num, log_ins, overflow, part_of_root = _cut_and_insert(ctx, pool, v, k_ins, None, max_parts)
         log_path = log_p[j] + log_ins
-        select = _log_select_alone(log_d_c, active, c)
+        select = log_select_alone(log_d_c, active, c)
         delta = jnp.sum(jnp.where(parts < num, pool1.log_h[S], 0.0)) - log_h[c]
         # the part of every point of c: the part of the cut-off subtree above it
         in_c = labels == c
@@ -663,11 +682,11 @@ def _one_move(ctx, key, labels, pool, roots, max_parts, early_rejection):
         tree_pool = jax.tree.map(lambda a, b: jnp.where(is_merge, a, b), pool2, pool)
         log_split = split_log_prob(ctx, tree_pool, jnp.where(is_merge, roots2[c], roots[c]), prop.part_of_leaf,
                                    max_parts, prop.known_node, prop.known_log_prob)
-        act2, st2, sz2, lt2, _ = _clusters(pool2, roots2)
+        act2, st2, sz2, lt2, _ = cluster_arrays(pool2, roots2)
         used = parts < prop.num_lanes
         new_slots = jnp.any((jnp.arange(capacity)[:, None] == prop.slot_of_lane[None, :]) & used[None, :], axis=1)
         log_merge_rev = merge_log_q(ctx, st2, sz2, lt2, act2, new_slots, max_parts)  # split's reverse
-        select_rev = _log_select_alone(_log_d_row(ctx, st2, sz2, lt2, c), act2, c)  # merge's reverse
+        select_rev = log_select_alone(log_d_row(ctx, st2, sz2, lt2, c), act2, c)  # merge's reverse
         log_r = jnp.where(is_merge, prop.delta + select_rev + log_split - prop.log_fwd,
                           prop.delta + log_merge_rev - (prop.log_fwd + log_split))
         new_labels = jnp.where(prop.lane >= 0, prop.slot_of_lane[jnp.maximum(prop.lane, 0)], labels)
@@ -707,8 +726,30 @@ def _run_moves(ctx, key, labels, pool, roots, num_moves, max_parts, early_reject
     init = (labels.astype(jnp.int32), pool, roots, jnp.int32(0), jnp.int32(0), jnp.zeros((), dtype),
             jnp.int32(0), jnp.bool_(False), key)
     labels, pool, roots, acc, prop, s, m, no_room, _ = lax.fori_loop(0, num_moves, body, init)
-    mean = jnp.where(m > 0, s / jnp.maximum(m, 1), 0.0)
-    return labels, acc, prop, mean, no_room, pool, roots
+    return labels, GlobalMovesInfo(acc, prop, s, m, no_room), pool, roots
+
+
+class GlobalMovesInfo(NamedTuple):
+    """What an iteration's global moves did.
+
+    num_accepted, num_proposed: int32 counts (a one-point cluster picked with
+        nothing to merge proposes nothing).
+    sum_log_accept: sum of ``min(0, log r)`` (an upper bound where a move was
+        rejected early) over the ``num_log_accept`` proposals with ``r > 0``.
+    no_room: an accepted split found no free slot (the kernel raises ``CapacityError``).
+    """
+
+    num_accepted: jax.Array
+    num_proposed: jax.Array
+    sum_log_accept: jax.Array
+    num_log_accept: jax.Array
+    no_room: jax.Array
+
+    @property
+    def mean_log_accept(self) -> jax.Array:
+        """Mean ``min(0, log r)`` over the counted proposals (0 when none)."""
+        m = self.num_log_accept
+        return jnp.where(m > 0, self.sum_log_accept / jnp.maximum(m, 1), 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("capacity", "num_moves", "max_parts", "early_rejection"))
@@ -716,15 +757,12 @@ def global_moves(key, labels, X, measure, family, u, *, capacity: int, num_moves
                  max_parts: int = 16, early_rejection: bool = True):
     """``num_moves`` global moves from slot labels ``labels`` (``TreeGuidedHost.run``, in JAX).
 
-    Returns ``(labels, num_accepted, num_proposed, mean_log_accept, no_room)``:
-    ``mean_log_accept`` averages ``min(0, log r)`` (an upper bound where a move
-    was rejected early), ``no_room`` says that an accepted split found no free
-    slot (the kernel raises ``CapacityError``). The canonical trees are built
-    from scratch; :func:`global_moves_forest` carries them between calls.
+    Returns ``(labels, info)``, ``info`` a :class:`GlobalMovesInfo`. The canonical
+    trees are built from scratch; :func:`global_moves_forest` carries them between calls.
     """
     ctx = make_context(X, measure, family, u)
     pool, roots = build_forest(ctx, labels, capacity)
-    return _run_moves(ctx, key, labels, pool, roots, num_moves, max_parts, early_rejection)[:5]
+    return _run_moves(ctx, key, labels, pool, roots, num_moves, max_parts, early_rejection)[:2]
 
 
 # ----------------------------------------------------------------------------- forests kept between calls
@@ -775,59 +813,13 @@ def global_moves_forest(key, forest: Forest, labels, X, measure, family, u, *, n
     """:func:`global_moves` from a :class:`Forest` kept from the previous call (the
     kernel's state): the trees are rebuilt only for the clusters whose points changed
     since (all of them when ``u`` or a hyperparameter changed). The same draws as
-    :func:`global_moves` with the same key. Returns its five values and the new forest.
+    :func:`global_moves` with the same key. Returns ``(forest, info)``: the canonical
+    trees of the new partition (``forest.labels``) and a :class:`GlobalMovesInfo`.
     """
     ctx = make_context(X, measure, family, u)
     params = _tree_params(ctx, family)
     labels = labels.astype(jnp.int32)
     pool, roots = refresh_forest(ctx, forest, labels, params)
-    labels, acc, prop, mean, no_room, pool, roots = _run_moves(
+    labels, info, pool, roots = _run_moves(
         ctx, key, labels, pool, roots, num_moves, max_parts, early_rejection)
-    return labels, acc, prop, mean, no_room, Forest(pool, roots, labels, params)
-
-
-# ----------------------------------------------------------------------------- for the tests
-@functools.partial(jax.jit, static_argnames=("capacity", "max_parts"))
-def _split_q(X, measure, family, u, labels, c, part, *, capacity, max_parts):
-    ctx = make_context(X, measure, family, u)
-    pool, roots = build_forest(ctx, labels, capacity)
-    active, stats, size, log_t, _ = _clusters(pool, roots)
-    select = _log_select_alone(_log_d_row(ctx, stats, size, log_t, c), active, c)
-    return select + split_log_prob(ctx, pool, roots[c], part, max_parts)
-
-
-@functools.partial(jax.jit, static_argnames=("capacity",))
-def _merge_q(X, measure, family, u, labels, picked, *, capacity):
-    ctx = make_context(X, measure, family, u)
-    pool, roots = build_forest(ctx, labels, capacity)
-    active, stats, size, log_t, _ = _clusters(pool, roots)
-    return merge_log_q(ctx, stats, size, log_t, active, picked, capacity)
-
-
-def proposal_log_prob(X, measure, family, u, labels, to_labels, max_parts: int = 16) -> float:
-    """``log q(Π* | Π)`` of one global move between two partitions (labels ``0..K-1``),
-    ``-inf`` when ``Π*`` is not one split or merge away (for the tests)."""
-    labels = np.asarray(labels)
-    to_labels = np.asarray(to_labels)
-    n = labels.shape[0]
-    capacity = n
-    X = jnp.asarray(X)
-    old = {tuple(np.nonzero(labels == k)[0]) for k in np.unique(labels)}
-    new = {tuple(np.nonzero(to_labels == k)[0]) for k in np.unique(to_labels)}
-    removed, added = old - new, new - old
-    lab = jnp.asarray(labels, jnp.int32)
-    if len(removed) == 1 and len(added) >= 2:
-        (c_pts,) = removed
-        if len(added) > max_parts:
-            return -math.inf
-        part = np.zeros(n, np.int32)
-        for k, pts in enumerate(sorted(added)):
-            part[list(pts)] = k
-        return float(_split_q(X, measure, family, u, lab, int(labels[c_pts[0]]), jnp.asarray(part),
-                              capacity=capacity, max_parts=max_parts))
-    if len(added) == 1 and len(removed) >= 2:
-        picked = np.zeros(capacity, bool)
-        for pts in removed:
-            picked[labels[pts[0]]] = True
-        return float(_merge_q(X, measure, family, u, lab, jnp.asarray(picked), capacity=capacity))
-    return -math.inf
+    return Forest(pool, roots, labels, params), info

@@ -36,7 +36,7 @@ Operations
     SampleSub (supplement A, Fig. 6): a subtree with probability ``∝ d + ε``.
 ``stoc_insert`` / ``stoc_insert_log_prob``
     StocInsert (paper 3.1, supplement A, Fig. 7).
-``cut_at``, ``cascade``, ``detach``, ``cut_tree``
+``cut_at``, ``cascade``, ``detach``, ``cut_host_tree``
     The tree edits of the global and local moves (supplement B, C).
 
 Where the paper is ambiguous, the choices made here are stated in the
@@ -69,23 +69,28 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..._validation import check_data
 from ...models.families import Family
 from ...models.measures import Measure
+from .device import TreeContext, Unpack, build_tree, empty_pool
 
 __all__ = [
     "Node",
     "TreeModel",
-    "Forest",
+    "HostForest",
     "SampleSubResult",
     "StocInsertResult",
     "seq_insert",
     "sequential_tree",
     "sequential_tree_jax",
     "sequential_tree_host",
-    "cut_tree",
+    "cut_host_tree",
+    "logsumexp",
+    "sample_index",
+    "sample_sub_distribution",
     "ibhc",
     "bhc",
     "sample_sub",
@@ -105,28 +110,13 @@ _PREFETCH_LEVELS = 4
 
 
 # ----------------------------------------------------------------------------- batched JAX math
-class _Unpack(NamedTuple):
-    """Static description of the packed statistics: ``(B, P)`` rows back to the family's pytree."""
-
-    treedef: Any
-    shapes: tuple
-
-    def __call__(self, packed):
-        out, start = [], 0
-        for shape in self.shapes:
-            size = math.prod(shape)
-            out.append(packed[..., start:start + size].reshape(packed.shape[:-1] + shape))
-            start += size
-        return self.treedef.unflatten(out)
-
-
-def _pack(stats) -> tuple[np.ndarray, _Unpack]:
+def _pack(stats) -> tuple[np.ndarray, Unpack]:
     """Family statistics with a leading point axis as one float64 ``(n, P)`` array."""
     leaves, treedef = jax.tree.flatten(stats)
     leaves = [np.asarray(x, dtype=np.float64) for x in leaves]
     n = leaves[0].shape[0]
     packed = np.concatenate([x.reshape(n, -1) for x in leaves], axis=1)
-    return packed, _Unpack(treedef, tuple(x.shape[1:] for x in leaves))
+    return packed, Unpack(treedef, tuple(x.shape[1:] for x in leaves))
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -155,7 +145,7 @@ def _tree_stack(items: Sequence[Any]):
     return np.stack(items)
 
 
-def _logsumexp(a: np.ndarray) -> float:
+def logsumexp(a: np.ndarray) -> float:
     if len(a) <= 32:  # plain floats: NumPy's per-call overhead dominates short vectors
         vals = [float(x) for x in a]
         m = max(vals)
@@ -168,7 +158,7 @@ def _logsumexp(a: np.ndarray) -> float:
     return m + math.log(float(np.sum(np.exp(a - m))))
 
 
-def _sample_index(rng: np.random.Generator, log_p: np.ndarray) -> int:
+def sample_index(rng: np.random.Generator, log_p: np.ndarray) -> int:
     """Index drawn with probabilities ``exp(log_p)`` (inverse CDF; zero weights never drawn)."""
     w = np.exp(log_p - np.max(log_p))
     cdf = np.cumsum(w)
@@ -215,10 +205,6 @@ class Node:
     @property
     def is_leaf(self) -> bool:
         return self.left is None
-
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None
 
     @property
     def log_d(self) -> float:
@@ -706,7 +692,7 @@ def copy_tree(root: Node) -> Node:
     return mapping[id(root)]
 
 
-def cut_tree(root: Node) -> list[Node]:
+def cut_host_tree(root: Node) -> list[Node]:
     """Clusters of one tree: cut top-down at every node with ``d > 1`` (``P(h) < 1/2``).
 
     A node with ``d ≤ 1`` (or a leaf) is a cluster; a node with ``d > 1`` is
@@ -744,7 +730,7 @@ def forest_labels(trees: Sequence[Node], num_points: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- IBHC and BHC
 @dataclass(repr=False)
-class Forest:
+class HostForest:
     """One binary tree per cluster, and the partition they define.
 
     ``trees`` are sorted by their smallest data index, so ``labels`` are in
@@ -759,14 +745,14 @@ class Forest:
 
     def __repr__(self) -> str:
         return (
-            f"Forest(num_trees={len(self.trees)}, num_points={len(self.labels)}, "
+            f"HostForest(num_trees={len(self.trees)}, num_points={len(self.labels)}, "
             f"num_splits={self.num_splits})"
         )
 
 
-def _make_forest(model: TreeModel, trees: list[Node], num_splits: int = 0) -> Forest:
+def _make_forest(model: TreeModel, trees: list[Node], num_splits: int = 0) -> HostForest:
     trees = sorted(trees, key=lambda t: int(t.points()[0]))
-    return Forest(trees, forest_labels(trees, model.num_points), model, num_splits)
+    return HostForest(trees, forest_labels(trees, model.num_points), model, num_splits)
 
 
 def _check_order(order: Any, n: int) -> np.ndarray:
@@ -811,10 +797,6 @@ def _sequential_tree_arrays(unpack, family, log_kappa_table, points, count):
     the same comparisons and ties as ``seq_insert`` (case 1, then left).
     Returns ``(left, right, root, log_lik, log_h, log_t)``.
     """
-    import jax.numpy as jnp
-
-    from .device import TreeContext, build_tree, empty_pool
-
     def lik(rows):
         return family.log_marginal(unpack(rows)).astype(points.dtype)
 
@@ -876,7 +858,7 @@ def ibhc(
     order: Any = None,
     single_tree: bool = False,
     max_splits: int | None = None,
-) -> Forest:
+) -> HostForest:
     """Incremental BHC (paper section 2.3, Steps 1-3): a forest, one tree per cluster.
 
     Points are inserted in ``order`` (default: row order).
@@ -897,15 +879,15 @@ def ibhc(
     in the result tells).
 
     ``single_tree=True`` instead inserts every point into one growing tree
-    (``sequential_tree``) and cuts it top-down where ``d > 1`` (``cut_tree``).
+    (``sequential_tree``) and cuts it top-down where ``d > 1`` (``cut_host_tree``).
 
-    :returns: ``Forest`` (trees, labels, the ``TreeModel``, ``num_splits``).
+    :returns: ``HostForest`` (trees, labels, the ``TreeModel``, ``num_splits``).
     """
     model = TreeModel(X, measure, family, u)
     n = model.num_points
     order = _check_order(order, n)
     if single_tree:
-        return _make_forest(model, cut_tree(sequential_tree(model, order)))
+        return _make_forest(model, cut_host_tree(sequential_tree(model, order)))
     if max_splits is None:
         max_splits = 10 * n
     if int(max_splits) < 0:
@@ -936,7 +918,7 @@ def ibhc(
     return _make_forest(model, forest, num_splits)
 
 
-def bhc(X: Any, measure: Measure, family: Family, u: Any = None) -> Forest:
+def bhc(X: Any, measure: Measure, family: Family, u: Any = None) -> HostForest:
     """Deterministic greedy BHC: repeatedly merge the pair of trees with the smallest ``d``.
 
     Merging stops when the smallest dissimilarity exceeds 1 (``P(h) < 1/2``),
@@ -995,7 +977,7 @@ class SampleSubResult(NamedTuple):
     log_prob: float
 
 
-def _sample_sub_log_probs(root: Node, internal_only: bool) -> tuple[list[Node], np.ndarray]:
+def sample_sub_distribution(root: Node, internal_only: bool) -> tuple[list[Node], np.ndarray]:
     if not isinstance(root, Node):
         raise ValueError(f"root must be a Node, got {type(root).__name__}.")
     nodes = root.nodes()
@@ -1011,7 +993,7 @@ def _sample_sub_log_probs(root: Node, internal_only: bool) -> tuple[list[Node], 
     log_w = np.logaddexp(log_d, log_eps)  # log(d + ε); leaves: log ε
     if internal_only:
         log_w = np.where(internal, log_w, -np.inf)
-    return nodes, log_w - _logsumexp(log_w)
+    return nodes, log_w - logsumexp(log_w)
 
 
 def sample_sub(
@@ -1034,8 +1016,8 @@ def sample_sub(
         ``sample_sub_log_prob(root, node, internal_only=...)``.
     """
     rng = np.random.default_rng(rng)
-    nodes, log_p = _sample_sub_log_probs(root, internal_only)
-    j = _sample_index(rng, log_p)
+    nodes, log_p = sample_sub_distribution(root, internal_only)
+    j = sample_index(rng, log_p)
     return SampleSubResult(nodes[j], float(log_p[j]))
 
 
@@ -1049,7 +1031,7 @@ def sample_sub_log_prob(root: Node, target: Node, *, internal_only: bool = False
     """
     if not isinstance(target, Node) or not _contains(root, target):
         raise ValueError("target is not a node of the tree rooted at root.")
-    nodes, log_p = _sample_sub_log_probs(root, internal_only)
+    nodes, log_p = sample_sub_distribution(root, internal_only)
     for v, lp in zip(nodes, log_p):
         if v is target:
             return float(lp)
@@ -1090,7 +1072,7 @@ def _stoc_insert_log_probs(model: TreeModel, trees: Sequence[Node], c: Node):
     log_lik, log_h = log_lik[:len(trees)], log_h[:len(trees)]
     log_d = c.log_t + np.array([t.log_t for t in trees], dtype=np.float64) - log_h
     log_w = np.concatenate([-log_d, [0.0]])  # d^-1(c', c) for each c' ∈ S, then 1 for "new"
-    return log_w - _logsumexp(log_w), log_lik, log_h
+    return log_w - logsumexp(log_w), log_lik, log_h
 
 
 def stoc_insert(model: TreeModel, rng: Any, trees: Sequence[Node], c: Node) -> StocInsertResult:
@@ -1111,7 +1093,7 @@ def stoc_insert(model: TreeModel, rng: Any, trees: Sequence[Node], c: Node) -> S
     """
     rng = np.random.default_rng(rng)
     log_p, log_lik, log_h = _stoc_insert_log_probs(model, trees, c)
-    j = _sample_index(rng, log_p)
+    j = sample_index(rng, log_p)
     out = list(trees)
     if j == len(trees):
         out.append(c)
