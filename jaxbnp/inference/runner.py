@@ -144,8 +144,9 @@ def run(
         a module-level function, so that compiled programs can be reused.
     :param init_params: passed to ``kernel.init`` (leading chain axis when
         ``num_chains > 1``).
-    :param capacity, max_capacity: the first capacity and the largest one to try
-        (``CapacityError`` when even that runs out).
+    :param capacity: the first capacity to try.
+    :param max_capacity: the largest capacity to try (``CapacityError`` when even
+        that runs out).
     :param progress_bar: ``True``/``False``, or ``None`` for a bar only on a terminal
         outside CI (``jaxbnp._progress.resolve``).
     :param heartbeat: an object with ``tick(n)`` (``jaxbnp._progress.Heartbeat``),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from ...models.families import BetaBernoulli, DirichletMultinomial, NormalGamma, NormalWishart
 
@@ -54,8 +53,13 @@ def family_type2_ml(X, labels, family, steps: int = 300, learning_rate: float = 
 
     Returns ``(family, history)`` with ``history`` the objective (log marginal
     likelihood) at each step. Uses ``optax.adam`` on unconstrained parameters
-    (logs of positive parameters, a Cholesky factor for ``psi``).
+    (logs of positive parameters, a Cholesky factor for ``psi``): needs the
+    ``optax`` extra (``pip install "jaxbnp[optax]"``).
     """
+    try:
+        import optax
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError('family_type2_ml needs optax: pip install "jaxbnp[optax]".') from exc
     X = jnp.asarray(X)
     labels = jnp.asarray(np.asarray(labels), jnp.int32)
     capacity = int(labels.max()) + 1

@@ -270,8 +270,10 @@ class PartitionKernel(DiscreteSiteKernel):
     :param move: the partition update of one iteration, e.g.
         ``moves.chain(moves.split_merge(5), moves.gibbs_sweep(), moves.update_u())``;
         default: one Gibbs sweep, then (NGGP) ``u``.
-    :param capacity, init_strategy, update_hyperparameters, chain_batching: as for
-        :class:`CollapsedGibbs`.
+    :param capacity: as for :class:`CollapsedGibbs`.
+    :param init_strategy: as for :class:`CollapsedGibbs`.
+    :param update_hyperparameters: as for :class:`CollapsedGibbs`.
+    :param chain_batching: as for :class:`CollapsedGibbs`.
 
     Each iteration splits the chain's key into ``(next, step, alpha, sigma)``, runs
     the move with ``step``, then the hyperparameter updates. The state
@@ -600,9 +602,11 @@ class SplitMerge(PartitionKernel):
     :param num_restricted_scans: intermediate restricted Gibbs scans that build
         the launch state (``>= 0``; Jain & Neal's ``t``).
     :param gibbs_sweeps: collapsed Gibbs sweeps per iteration (``>= 0``).
-    :param capacity, init_strategy, update_hyperparameters, chain_batching:
-        as for :class:`CollapsedGibbs`. A split that needs a slot when all are
-        used raises ``CapacityError``.
+    :param capacity: as for :class:`CollapsedGibbs`. A split that needs a slot when
+        all are used raises ``CapacityError``.
+    :param init_strategy: as for :class:`CollapsedGibbs`.
+    :param update_hyperparameters: as for :class:`CollapsedGibbs`.
+    :param chain_batching: as for :class:`CollapsedGibbs`.
 
     Extra fields (``MCMC.run(..., extra_fields=...)``): ``log_joint``,
     ``num_clusters``, and per iteration ``num_accepted``, ``num_proposed``

@@ -186,9 +186,10 @@ class TreeGuidedMCMC(PartitionKernel):
     :param max_parts: (``trees="device"``) a split proposal that would make more
         clusters than this proposes nothing, and a merge of more clusters than
         this is rejected (the same restriction both ways: still exact).
-    :param capacity, update_hyperparameters, chain_batching: as for
-        :class:`CollapsedGibbs`. More clusters than ``capacity`` raise
-        ``CapacityError``.
+    :param capacity: as for :class:`CollapsedGibbs`. More clusters than ``capacity``
+        raise ``CapacityError``.
+    :param update_hyperparameters: as for :class:`CollapsedGibbs`.
+    :param chain_batching: as for :class:`CollapsedGibbs`.
 
     Extra fields for ``MCMC.run(..., extra_fields=...)``: ``log_joint``,
     ``num_clusters``, ``num_accepted``, ``num_proposed``, ``mean_log_accept``
