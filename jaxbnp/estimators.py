@@ -436,7 +436,7 @@ def _predictive_tables(X, draws, measure, family, u, estimate):
     ``log_weight_new``: of a new cluster, ``(T,)``; ``overlap[t, j, k]``: the
     fraction of draw ``t``'s cluster ``j`` in the estimate's cluster ``k``.
     """
-    T, n = draws.shape
+    T = draws.shape[0]
     k_max = int(draws.max()) + 1
     Xj = jnp.asarray(X)
     params, prior, log_w, log_w_new, counts = _tables(

@@ -38,7 +38,7 @@ import numpy as np
 
 from .._progress import bar as progress_bar_context
 from .._progress import resolve as resolve_progress
-from ..checkpoint import CheckpointedRun, load_checkpoint, save_checkpoint
+from ..checkpoint import CheckpointedRun, check_resumable, load_checkpoint, save_checkpoint
 from ..errors import CapacityError
 
 __all__ = ["RunResult", "run", "PROGRESS_BLOCKS", "CHAIN_METHODS"]
@@ -162,19 +162,6 @@ def _joined(saved: CheckpointedRun | None, new):
     return {k: np.concatenate([np.asarray(old[k]), v], axis=1) for k, v in new.items()}
 
 
-def _load_for_resume(path, num_chains, thinning) -> CheckpointedRun:
-    saved = load_checkpoint(path)
-    if saved.num_chains != num_chains:
-        raise ValueError(f"The checkpoint {path} has {saved.num_chains} chain(s), not {num_chains}.")
-    if saved.thinning != thinning:
-        raise ValueError(f"The checkpoint {path} used thinning={saved.thinning}, not {thinning}.")
-    if saved.x64 != bool(jax.config.jax_enable_x64):
-        raise ValueError(
-            f"The checkpoint {path} was written with jax_enable_x64={saved.x64}; set "
-            f'jax.config.update("jax_enable_x64", {saved.x64}) before resuming, or the draws would differ.')
-    return saved
-
-
 def run(
     make_kernel: Callable[[int | None], Any],
     key: jax.Array,
@@ -246,8 +233,9 @@ def run(
         chain_method = "vectorized"  # the same draws
     if resume and checkpoint is None:
         raise ValueError("resume=True needs the checkpoint file to continue.")
-    saved = _load_for_resume(checkpoint, num_chains, thinning) if resume else None
+    saved = load_checkpoint(checkpoint) if resume else None
     if saved is not None:
+        check_resumable(saved, num_chains, thinning)
         num_warmup = 0
     show = resolve_progress(progress_bar)
     total = num_warmup + num_samples * thinning
