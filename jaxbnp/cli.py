@@ -145,6 +145,8 @@ class Fit(NamedTuple):
 def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
     """gibbs, splitmerge, tgmcmc: the method's kernel on :func:`~jaxbnp.models.mixture_model`,
     sampled by :func:`jaxbnp.inference.runner.run` (capacity growth and checkpoints are its)."""
+    import functools
+
     import jax
 
     from . import inference
@@ -184,10 +186,12 @@ def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
     write_settings(capacity)
     iterations = args.samples if args.resume else args.warmup + args.samples
     heartbeat = _heartbeat(args, f"{args.method}: compiling and sampling", iterations)
+    # the prior and the family are constants of the model (as XLA rounds them, bit for bit)
+    model = functools.partial(mixture_model, measure=DP(args.alpha), family=family)
     try:
         result = run(
-            lambda capacity: kernel_cls(mixture_model, capacity=capacity, **options),
-            jax.random.key(args.seed), (X, DP(args.alpha), family),
+            lambda capacity: kernel_cls(model, capacity=capacity, **options),
+            jax.random.key(args.seed), (X,),
             num_warmup=args.warmup, num_samples=args.samples, num_chains=args.chains,
             collect=collect_draw, init_params=init_params, capacity=capacity, max_capacity=len(X),
             chain_method="parallel", progress_bar=_bar(args), description=args.method,
