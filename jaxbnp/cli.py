@@ -369,14 +369,14 @@ def _cluster(args) -> int:
             plt.close(ax.figure)
             plots += ["trace.png", "coclustering.png"]
         if bhmc_fit is not None:
-            from .plot_trees import plot_bhmc_tree
+            from .plot import plot_bhmc_tree
 
             ax = plot_bhmc_tree(bhmc_fit.paths, labels_true=y)
             ax.figure.savefig(out / "bhmc_tree.png", dpi=120, bbox_inches="tight")
             plt.close(ax.figure)
             plots.append("bhmc_tree.png")
         if tree is not None:
-            from .plot_trees import plot_dendrogram
+            from .plot import plot_dendrogram
 
             ax = plot_dendrogram(tree)
             ax.figure.savefig(out / "dendrogram.png", dpi=120, bbox_inches="tight")
