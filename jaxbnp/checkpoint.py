@@ -15,6 +15,10 @@ Each ``mcmc.run`` call compiles its sampling loop again (NumPyro traces a new
 loop per call), so choose ``every`` large enough that a segment takes much
 longer than a compilation.
 
+:func:`jaxbnp.inference.runner.run` (the estimators' and the ``jaxbnp``
+command line's driver) writes and resumes the same files (``checkpoint=``,
+``checkpoint_every=``, ``resume=``), without recompiling per segment.
+
 Files are Python pickles: load only checkpoints you wrote yourself.
 
 Example
@@ -47,6 +51,7 @@ __all__ = [
     "load_checkpoint",
     "run_with_checkpoints",
     "resume",
+    "check_resumable",
 ]
 
 _FORMAT = "jaxbnp-checkpoint"
@@ -324,6 +329,23 @@ def run_with_checkpoints(
     return _continue(mcmc, run, total, every, path, args, kwargs, callback)
 
 
+def check_resumable(run: CheckpointedRun, num_chains: int, thinning: int) -> None:
+    """``ValueError`` unless ``run`` can be continued by ``num_chains`` chains with this
+    ``thinning`` in this process (same ``jax_enable_x64``, or the draws would differ)."""
+    if num_chains != run.num_chains:
+        raise ValueError(
+            f"The checkpoint has {run.num_chains} chain(s) but the run has num_chains={num_chains}; "
+            "build the run as the original one."
+        )
+    if thinning != run.thinning:
+        raise ValueError(f"The checkpoint used thinning={run.thinning}, the run has {thinning}.")
+    if run.x64 != bool(jax.config.jax_enable_x64):
+        raise ValueError(
+            f"The checkpoint was written with jax_enable_x64={run.x64}; set "
+            f'jax.config.update("jax_enable_x64", {run.x64}) before resuming, or the draws would differ.'
+        )
+
+
 def resume(
     mcmc: Any,
     checkpoint: str | os.PathLike | CheckpointedRun,
@@ -345,18 +367,7 @@ def resume(
     Returns the run with every draw, old and new.
     """
     run = load_checkpoint(checkpoint) if not isinstance(checkpoint, CheckpointedRun) else checkpoint
-    if int(mcmc.num_chains) != run.num_chains:
-        raise ValueError(
-            f"The checkpoint has {run.num_chains} chain(s) but mcmc has num_chains={mcmc.num_chains}; "
-            "build the MCMC object as for the original run."
-        )
-    if int(mcmc.thinning) != run.thinning:
-        raise ValueError(f"The checkpoint used thinning={run.thinning}, mcmc has {mcmc.thinning}.")
-    if run.x64 != bool(jax.config.jax_enable_x64):
-        raise ValueError(
-            f"The checkpoint was written with jax_enable_x64={run.x64}; set "
-            f'jax.config.update("jax_enable_x64", {run.x64}) before resuming, or the draws would differ.'
-        )
+    check_resumable(run, int(mcmc.num_chains), int(mcmc.thinning))
     if num_samples is None:
         remaining = run.num_samples_total - run.num_samples
         if remaining <= 0:

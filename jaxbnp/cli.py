@@ -20,6 +20,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -107,19 +108,53 @@ def _make_family(name: str, X: np.ndarray):
     raise SystemExit(f"jaxbnp: unknown family {name!r}.")
 
 
-def _run_gibbs(X, family, alpha, args):
+#: the MCMC methods: the kernel (a class of :mod:`jaxbnp.inference`) and its options, from
+#: the parsed arguments; every other option is the runner's (:func:`jaxbnp.inference.runner.run`)
+KERNELS = {
+    # the tgMCMC paper's SM baseline: moves + a Gibbs sweep
+    "splitmerge": ("SplitMerge", lambda args: {"num_split_merge": args.split_merge_moves}),
+    "gibbs": ("CollapsedGibbs", lambda args: {}),
+    # the paper's G and D; trees on the host
+    "tgmcmc": ("TreeGuidedMCMC", lambda args: {"num_global_moves": args.global_moves,
+                                               "depth": args.depth, "init": args.tgmcmc_init}),
+}
+
+#: what the command line keeps of a state: the labels and two traces (NumPyro's extra fields)
+EXTRA_FIELDS = ("log_joint", "num_clusters")
+
+
+def collect_draw(state) -> dict:
+    """The labels ``z``, the log joint and the number of clusters of a kernel state."""
+    return {"z": state.z["z"], "log_joint": state.log_joint, "num_clusters": state.num_clusters}
+
+
+class Fit(NamedTuple):
+    """What a method gives the summary: ``labels`` (the point estimate when ``z`` is
+    ``None``), ``log_joint`` and ``num_clusters`` ``(chains, draws)``, ``z`` (label draws
+    ``(chains, draws, n)``, MCMC methods), ``capacity``, and the method's own fit (``extra``:
+    the MAPDP estimator, the diffusion tree, the BHMC fit)."""
+
+    labels: Any
+    log_joint: np.ndarray
+    num_clusters: np.ndarray
+    z: np.ndarray | None = None
+    capacity: int | None = None
+    extra: Any = None
+
+
+def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
+    """gibbs, splitmerge, tgmcmc: the method's kernel on :func:`~jaxbnp.models.mixture_model`,
+    sampled by :func:`jaxbnp.inference.runner.run` (capacity growth and checkpoints are its)."""
+    import functools
+
     import jax
-    import numpyro
-    from numpyro.infer import MCMC
 
-    from . import checkpoint as checkpointing
-    from . import models
-    from .inference import CapacityError, CollapsedGibbs, SplitMerge, TreeGuidedMCMC
+    from . import inference
+    from .inference.runner import run
+    from .models import DP, mixture_model
 
-    def model(X):
-        z = numpyro.sample("z", models.Partition(models.DP(alpha), X.shape[0]))
-        numpyro.sample("X", models.ConjugateMixture(family, z), obs=X)
-
+    name, options = KERNELS[args.method]
+    kernel_cls, options = getattr(inference, name), options(args)
     capacity = args.capacity
     init_params = None if args.resume else _initial_partition(args, X, family)
     if init_params is not None:  # room for the start's clusters and 12 free slots to split into
@@ -128,65 +163,102 @@ def _run_gibbs(X, family, alpha, args):
         capacity = max(capacity, min(planned + 12, len(X)))
     checkpoint = Path(args.out) / "checkpoint.pkl"
     settings_file = Path(args.out) / "checkpoint_settings.json"
+    settings = {k: getattr(args, k) for k in ("method", "family", "alpha", "chains", "seed")}
     if args.resume:
         if not checkpoint.exists():
             raise SystemExit(f"jaxbnp: --resume: no checkpoint at {checkpoint}; run with "
                              "--checkpoint-every N first.")
         saved = json.loads(settings_file.read_text())
-        for name in ("method", "family", "alpha", "chains", "seed"):
-            if saved[name] != getattr(args, name):
+        for name in settings:
+            if saved[name] != settings[name]:
                 raise SystemExit(f"jaxbnp: --resume: the checkpoint was made with --{name} "
-                                 f"{saved[name]}, not {getattr(args, name)}; pass the same options.")
+                                 f"{saved[name]}, not {settings[name]}; pass the same options.")
         capacity = saved["capacity"]  # the saved state has this many cluster slots
-    while True:
-        if args.method == "splitmerge":  # the tgMCMC paper's SM baseline: moves + a Gibbs sweep
-            kernel = SplitMerge(model, num_split_merge=args.split_merge_moves, capacity=capacity)
-        elif args.method == "tgmcmc":  # the paper's G and D; trees on the host
-            kernel = TreeGuidedMCMC(model, num_global_moves=args.global_moves, depth=args.depth,
-                                    init=args.tgmcmc_init, capacity=capacity)
-        else:
-            kernel = CollapsedGibbs(model, capacity=capacity)
-        # the overflow flag stays in the state and is checked below, so that the sampling
-        # program has no host callback and JAX's persistent compilation cache can keep it
-        kernel.host_overflow_check = False
-        mcmc = MCMC(
-            kernel,
-            num_warmup=args.warmup,
-            num_samples=args.samples,
-            num_chains=args.chains,
-            chain_method=_chain_method(args.chains),
-            progress_bar=_bar(args),
+
+    def write_settings(capacity):
+        if args.checkpoint_every and not args.resume:
+            settings_file.write_text(json.dumps({**settings, "capacity": capacity}) + "\n")
+
+    def restarting(capacity):
+        print(f"jaxbnp: all cluster slots used; restarting with capacity={capacity}", file=sys.stderr)
+        write_settings(capacity)
+
+    write_settings(capacity)
+    iterations = args.samples if args.resume else args.warmup + args.samples
+    heartbeat = _heartbeat(args, f"{args.method}: compiling and sampling", iterations)
+    # the prior and the family are constants of the model (as XLA rounds them, bit for bit)
+    model = functools.partial(mixture_model, measure=DP(args.alpha), family=family)
+    try:
+        result = run(
+            lambda capacity: kernel_cls(model, capacity=capacity, **options),
+            jax.random.key(args.seed), (X,),
+            num_warmup=args.warmup, num_samples=args.samples, num_chains=args.chains,
+            collect=collect_draw, init_params=init_params, capacity=capacity, max_capacity=len(X),
+            chain_method="parallel", progress_bar=_bar(args), description=args.method,
+            heartbeat=heartbeat, on_restart=restarting, extra_fields=EXTRA_FIELDS,
+            checkpoint=checkpoint if (args.checkpoint_every or args.resume) else None,
+            checkpoint_every=args.checkpoint_every, resume=args.resume,
         )
-        fields = ("log_joint", "num_clusters")
-        heartbeat = _heartbeat(args, f"{args.method}: compiling and sampling")
-        try:
-            if args.resume:
-                source = checkpointing.resume(mcmc, checkpoint, X, num_samples=args.samples,
-                                              every=args.checkpoint_every or None)
-            elif args.checkpoint_every:
-                settings = {k: getattr(args, k) for k in ("method", "family", "alpha", "chains", "seed")}
-                settings_file.write_text(json.dumps({**settings, "capacity": capacity}) + "\n")
-                source = checkpointing.run_with_checkpoints(
-                    mcmc, jax.random.key(args.seed), X, path=checkpoint,
-                    every=args.checkpoint_every, extra_fields=fields, init_params=init_params,
-                )
-            else:
-                mcmc.run(jax.random.key(args.seed), X, extra_fields=fields, init_params=init_params)
-                source = mcmc
-            jax.block_until_ready(mcmc.last_state)
-            _done(heartbeat)
-            if bool(np.any(np.asarray(mcmc.last_state.clusters.overflow))):
-                raise CapacityError(f"all {capacity} cluster slots were in use")
-            break
-        except CapacityError:  # grow the capacity on the host and start again
-            _done(heartbeat, ok=False)
-            if capacity >= len(X) or args.resume:
-                raise
-            capacity = min(2 * capacity, len(X))
-            print(f"jaxbnp: all cluster slots used; restarting with capacity={capacity}", file=sys.stderr)
-    z = np.asarray(source.get_samples(group_by_chain=True)["z"])
-    extra = source.get_extra_fields(group_by_chain=True)
-    return z, np.asarray(extra["log_joint"]), np.asarray(extra["num_clusters"]), capacity
+    except BaseException:
+        _done(heartbeat, ok=False)
+        raise
+    _done(heartbeat)
+    draws = result.samples
+    return Fit(None, np.asarray(draws["log_joint"]), np.asarray(draws["num_clusters"]),
+               np.asarray(draws["z"]), result.capacity)
+
+
+def _fit_mapdp(args, X, X_fit, fit_idx, family) -> Fit:
+    """MAP-DP (:class:`~jaxbnp.estimators.MAPDP`): ``--chains`` random-order restarts."""
+    from .estimators import MAPDP
+
+    options = {} if args.mapdp_mode is None else {"mode": args.mapdp_mode}
+    make = MAPDP.paper if args.paper else MAPDP
+    est = make(alpha=args.alpha, family=family, n_restarts=args.chains,
+               random_state=args.seed, **options).fit(X)
+    return Fit(est.labels_, -est.nll_trace_[None, :], np.array([[est.n_clusters_]]), extra=est)
+
+
+def _fit_ddt(args, X, X_fit, fit_idx, family) -> Fit:
+    """Dirichlet diffusion tree by population MCMC (``fit_ddt``), cut into clusters."""
+    import jax
+
+    from .inference.trees.fit import fit_ddt
+
+    heartbeat = _heartbeat(args, "ddt: compiling and sampling")
+    fit = fit_ddt(X_fit, num_chains=max(2, args.chains), num_samples=args.samples,
+                  key=jax.random.key(args.seed), num_warmup=args.warmup,
+                  t_stop=args.t_stop, num_clusters=args.ddt_clusters, progress_bar=_bar(args))
+    _done(heartbeat)
+    best = np.asarray(fit.labels)
+    if args.t_stop is None and args.ddt_clusters is None:
+        best = _cut_by_silhouette(fit.tree, X_fit)
+    best = _extend_labels(X, fit_idx, best)
+    return Fit(best, np.asarray(fit.log_joint), np.array([[len(np.unique(best))]]), extra=fit.tree)
+
+
+def _fit_bhmc(args, X, X_fit, fit_idx, family) -> Fit:
+    """nCRP + multilevel HDP mixture (``fit_bhmc``, Huang et al.), labels per level."""
+    import jax
+
+    from .inference.bhmc.sampler import fit_bhmc
+
+    heartbeat = _heartbeat(args, "bhmc: sweeps", args.chains * (args.warmup + args.samples),
+                           unit="chain sweeps (the first includes compilation)")
+    fit = fit_bhmc(jax.random.key(args.seed), X_fit, depth=args.depth, alpha=args.alpha,
+                   num_samples=args.samples, num_warmup=args.warmup, num_chains=args.chains,
+                   heartbeat=heartbeat)
+    _done(heartbeat)
+    if fit_idx is not None:
+        fit = fit._replace(
+            labels_per_level=np.stack([_extend_labels(X, fit_idx, row) for row in fit.labels_per_level]),
+            paths=_extend_labels(X, fit_idx, np.asarray(fit.paths)))
+    return Fit(np.asarray(fit.labels_per_level[-1]), np.asarray(fit.log_lik),
+               np.asarray(fit.samples["num_leaves"]), extra=fit)
+
+
+#: each method's fit (the command line is this table and the summary of what it returns)
+FITS = {"mapdp": _fit_mapdp, "ddt": _fit_ddt, "bhmc": _fit_bhmc, **dict.fromkeys(KERNELS, _fit_mcmc)}
 
 
 def _cluster(args) -> int:
@@ -206,57 +278,11 @@ def _cluster(args) -> int:
     X_fit = X if fit_idx is None else X[fit_idx]
 
     t0 = time.perf_counter()
-    tree = None  # the fitted diffusion tree (--method ddt)
-    bhmc_fit = None  # the BHMC fit (--method bhmc)
-    if args.method == "mapdp":
-        from .estimators import MAPDP
-
-        options = {} if args.mapdp_mode is None else {"mode": args.mapdp_mode}
-        make = MAPDP.paper if args.paper else MAPDP
-        est = make(alpha=args.alpha, family=family, n_restarts=args.chains,
-                   random_state=args.seed, **options).fit(X)
-        best = est.labels_
-        log_joint = -est.nll_trace_[None, :]
-        num_clusters = np.array([[est.n_clusters_]])
-        capacity = None
-        z = None
-    elif args.method == "ddt":  # Dirichlet diffusion tree by population MCMC, cut into clusters
-        from .inference.trees.mcmc import fit_ddt
-
-        heartbeat = _heartbeat(args, "ddt: compiling and sampling")
-        fit = fit_ddt(X_fit, num_chains=max(2, args.chains), num_samples=args.samples,
-                      key=jax.random.key(args.seed), num_warmup=args.warmup,
-                      t_stop=args.t_stop, num_clusters=args.ddt_clusters, progress_bar=_bar(args))
-        _done(heartbeat)
-        best = np.asarray(fit.labels)
-        if args.t_stop is None and args.ddt_clusters is None:
-            best = _cut_by_silhouette(fit.tree, X_fit)
-        best = _extend_labels(X, fit_idx, best)
-        log_joint = np.asarray(fit.log_joint)
-        num_clusters = np.array([[len(np.unique(best))]])
-        capacity = None
-        z = None
-        tree = fit.tree
-    elif args.method == "bhmc":  # nCRP + multilevel HDP mixture (Huang et al.), labels per level
-        from .inference.bhmc.sampler import fit_bhmc
-
-        heartbeat = _heartbeat(args, "bhmc: sweeps", args.chains * (args.warmup + args.samples),
-                               unit="chain sweeps (the first includes compilation)")
-        bhmc_fit = fit_bhmc(jax.random.key(args.seed), X_fit, depth=args.depth, alpha=args.alpha,
-                            num_samples=args.samples, num_warmup=args.warmup, num_chains=args.chains,
-                            heartbeat=heartbeat)
-        _done(heartbeat)
-        if fit_idx is not None:
-            bhmc_fit = bhmc_fit._replace(
-                labels_per_level=np.stack([_extend_labels(X, fit_idx, row) for row in bhmc_fit.labels_per_level]),
-                paths=_extend_labels(X, fit_idx, np.asarray(bhmc_fit.paths)))
-        best = np.asarray(bhmc_fit.labels_per_level[-1])
-        log_joint = np.asarray(bhmc_fit.log_lik)
-        num_clusters = np.asarray(bhmc_fit.samples["num_leaves"])
-        capacity = None
-        z = None
-    else:
-        z, log_joint, num_clusters, capacity = _run_gibbs(X, family, args.alpha, args)
+    fit = FITS[args.method](args, X, X_fit, fit_idx, family)
+    best, log_joint, num_clusters, z, capacity = fit.labels, fit.log_joint, fit.num_clusters, fit.z, fit.capacity
+    est = fit.extra if args.method == "mapdp" else None
+    tree = fit.extra if args.method == "ddt" else None  # the fitted diffusion tree
+    bhmc_fit = fit.extra if args.method == "bhmc" else None
     seconds = time.perf_counter() - t0
 
     diagnostics = None
@@ -322,9 +348,9 @@ def _cluster(args) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plots = []
     try:
-        from .plot import _pyplot, plot_clusters, plot_trace
+        from .plot import plot_clusters, plot_trace, pyplot
 
-        plt = _pyplot()
+        plt = pyplot()
         title = (f"{summary['clusters_point_estimate']} clusters "
                  + ("(point estimate)" if z is not None else f"({args.method})"))
         ax = plot_clusters(X, best, title=title)
@@ -343,14 +369,14 @@ def _cluster(args) -> int:
             plt.close(ax.figure)
             plots += ["trace.png", "coclustering.png"]
         if bhmc_fit is not None:
-            from .plot_trees import plot_bhmc_tree
+            from .plot import plot_bhmc_tree
 
             ax = plot_bhmc_tree(bhmc_fit.paths, labels_true=y)
             ax.figure.savefig(out / "bhmc_tree.png", dpi=120, bbox_inches="tight")
             plt.close(ax.figure)
             plots.append("bhmc_tree.png")
         if tree is not None:
-            from .plot_trees import plot_dendrogram
+            from .plot import plot_dendrogram
 
             ax = plot_dendrogram(tree)
             ax.figure.savefig(out / "dendrogram.png", dpi=120, bbox_inches="tight")
@@ -471,24 +497,15 @@ def _spread_chains_over_cores(chains: int) -> None:
         numpyro.set_host_device_count(min(chains, cores))
 
 
-def _chain_method(chains: int) -> str:
-    """``"parallel"`` when every chain has a device of its own, else ``"vectorized"`` (both
-    give the same draws for the same key)."""
-    import jax
-
-    return "parallel" if 1 < chains <= jax.local_device_count() else "vectorized"
-
-
 def _bar(args) -> bool:
-    """A progress bar (NumPyro's, tqdm): only when asked for with ``--progress`` on a terminal
-    (it puts a host callback into parallel chains' programs, which JAX's persistent cache
-    does not keep); otherwise :func:`_heartbeat` prints plain lines."""
+    """A progress bar (the runner's, tqdm): only when asked for with ``--progress`` on a
+    terminal; otherwise :func:`_heartbeat` prints plain lines."""
     return bool(args.progress) and sys.stderr.isatty()
 
 
 def _heartbeat(args, desc: str, total: int | None = None, unit: str = "iterations"):
     """Started :class:`~jaxbnp._progress.Heartbeat` (a line every few seconds) unless
-    progress is off or NumPyro's bar is shown; else ``None``."""
+    progress is off or the bar is shown; else ``None``."""
     from ._progress import Heartbeat, env_choice
 
     if args.progress is False or (args.progress is None and env_choice() is False) or _bar(args):

@@ -37,6 +37,7 @@ from .inference.partition import mapdp as mapdp_core
 from .errors import CapacityError, SingleClusterWarning
 from .inference.partition.clusters import ClusterState
 from .inference.runner import run
+from .models.distributions import mixture_model
 from .models.families import Family, NormalWishart
 from .models.measures import DP, Measure, PitmanYor
 
@@ -408,17 +409,6 @@ METHOD_OPTIONS = {
 _SMALL_BLOCK, _BLOCK = 8, 64
 
 
-def _dpm_model(X, measure, family):
-    """The DP (or PY / NGGP) mixture model the estimator samples: ``z ~ Partition``, ``X ~ ConjugateMixture``."""
-    import numpyro
-
-    from .models.distributions import AuxiliaryU, ConjugateMixture, Partition
-
-    u = numpyro.sample("u", AuxiliaryU()) if measure.has_auxiliary else None
-    z = numpyro.sample("z", Partition(measure, X.shape[0], u=u))
-    numpyro.sample("X", ConjugateMixture(family, z), obs=X)
-
-
 def _kernel_class(method: str):
     from .inference import CollapsedGibbs, SplitMerge, TreeGuidedMCMC
 
@@ -434,7 +424,7 @@ def _collect(state):
 
 def _make_kernel(method, options):
     kernel_cls = _kernel_class(method)
-    return lambda capacity: kernel_cls(_dpm_model, capacity=capacity, **dict(options))
+    return lambda capacity: kernel_cls(mixture_model, capacity=capacity, **dict(options))
 
 
 def _predictive_tables(X, draws, measure, family, u, estimate):
@@ -446,7 +436,7 @@ def _predictive_tables(X, draws, measure, family, u, estimate):
     ``log_weight_new``: of a new cluster, ``(T,)``; ``overlap[t, j, k]``: the
     fraction of draw ``t``'s cluster ``j`` in the estimate's cluster ``k``.
     """
-    T, n = draws.shape
+    T = draws.shape[0]
     k_max = int(draws.max()) + 1
     Xj = jnp.asarray(X)
     params, prior, log_w, log_w_new, counts = _tables(

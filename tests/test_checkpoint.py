@@ -135,3 +135,45 @@ def test_checkpoint_errors(tmp_path):
         load_checkpoint(tmp_path / "bad.ckpt")
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "missing.ckpt")
+
+
+# ---------------------------------------------------------------- the runner's checkpoints
+def _collect(state):
+    return {"z": state.z["z"], "log_joint": state.log_joint, "num_clusters": state.num_clusters}
+
+
+def _run(**kwargs):
+    from jaxbnp.inference.runner import run
+
+    options = dict(num_warmup=3, num_samples=6, num_chains=2, collect=_collect, capacity=12,
+                   extra_fields=EXTRA)
+    options.update(kwargs)
+    make = lambda capacity: bnp.CollapsedGibbs(model, init_strategy="prior", capacity=capacity)  # noqa: E731
+    return run(make, KEY, (X,), **options)
+
+
+def test_runner_gives_mcmcs_draws_parallel_or_vectorized(reference):
+    """runner.run draws what numpyro's MCMC draws, with chains vectorized or one per device."""
+    assert jax.local_device_count() >= 2  # tests/conftest.py: 4 host devices
+    for chain_method in ("vectorized", "parallel"):
+        result = _run(chain_method=chain_method)
+        np.testing.assert_array_equal(result.samples["z"], reference.get_samples(group_by_chain=True)["z"])
+        for field in EXTRA:
+            np.testing.assert_array_equal(result.samples[field],
+                                          reference.get_extra_fields(group_by_chain=True)[field])
+
+
+def test_runner_checkpoints_then_resumes_to_the_uninterrupted_draws(tmp_path, reference):
+    path = tmp_path / "runner.ckpt"
+    first = _run(num_samples=4, checkpoint=path, checkpoint_every=2, chain_method="parallel")
+    saved = load_checkpoint(path)
+    assert saved.num_samples == 4 and saved.complete and saved.extra_field_names == EXTRA
+    np.testing.assert_array_equal(saved.samples["z"], first.samples["z"])
+    resumed = _run(num_samples=2, checkpoint=path, resume=True)  # vectorized, from the file
+    _assert_same_draws(load_checkpoint(path), reference)
+    np.testing.assert_array_equal(resumed.samples["z"], reference.get_samples(group_by_chain=True)["z"])
+    # a checkpointed MCMC run and a runner's file are one format: MCMC continues it too
+    more = resume(_mcmc(2), path, X, num_samples=2)
+    assert more.num_samples == 8
+    with pytest.raises(ValueError, match="chain"):
+        _run(num_chains=1, num_samples=2, checkpoint=path, resume=True)

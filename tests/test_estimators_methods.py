@@ -16,7 +16,8 @@ from numpyro.infer import MCMC
 from sklearn.metrics import adjusted_rand_score
 
 import jaxbnp as bnp
-from jaxbnp.estimators import MAPDP, DirichletProcessMixture, SingleClusterWarning, _dpm_model
+from jaxbnp.estimators import MAPDP, DirichletProcessMixture, SingleClusterWarning
+from jaxbnp.models.distributions import mixture_model
 from tests.test_estimators_dpm import _blobs
 
 
@@ -25,7 +26,7 @@ def test_draws_equal_numpyro_mcmc_with_the_same_key_two_chains_thinned():
     family = bnp.NormalGamma(0.0, 0.2, 2.0, 1.0)
     dpm = DirichletProcessMixture(family=family, num_warmup=3, num_samples=3, thinning=2,
                                   num_chains=2, random_state=7).fit(X)
-    model = functools.partial(_dpm_model, measure=bnp.DP(1.0), family=family)
+    model = functools.partial(mixture_model, measure=bnp.DP(1.0), family=family)
     mcmc = MCMC(bnp.CollapsedGibbs(model, init_strategy="prior"), num_warmup=3, num_samples=6,
                 thinning=2, num_chains=2, chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(7), jnp.asarray(X), extra_fields=("log_joint", "num_clusters"))

@@ -1,17 +1,24 @@
-"""The one driver of every jaxbnp sampler: warm-up, draws, progress, capacity growth.
+"""The one driver of every jaxbnp sampler: warm-up, draws, progress, checkpoints,
+capacity growth.
 
 :func:`run` takes a NumPyro ``MCMCKernel`` (a jaxbnp kernel, or any kernel
 whose ``init``/``sample`` follow NumPyro's protocol) and does what
 ``numpyro.infer.MCMC(kernel, num_warmup=W, num_samples=N * thinning,
-thinning=thinning, num_chains=C, chain_method="vectorized").run(key, *args)``
+thinning=thinning, num_chains=C, chain_method=...).run(key, *args)``
 does: the same key splitting, the same kernel calls, the same kept iterations,
 so the draws are the same. Unlike ``MCMC`` it keeps its compiled programs
 between calls with the same settings (``MCMC`` traces its loop again on every
-``run``), cuts the iterations into compiled blocks to report progress, and
-grows a full cluster capacity: a kernel built with ``capacity`` slots that ran
-out (it raised :class:`~jaxbnp.errors.CapacityError`, or its ``overflowed``
-method says so of the last state) is rebuilt with twice as many and the run
-starts again from the same key. Nothing is truncated.
+``run``), cuts the iterations into compiled blocks to report progress (a tqdm
+bar, or a :class:`~jaxbnp._progress.Heartbeat`), saves checkpoints and resumes
+them (:mod:`jaxbnp.checkpoint`'s file format), and grows a full cluster
+capacity: a kernel built with ``capacity`` slots that ran out (it raised
+:class:`~jaxbnp.errors.CapacityError`, or its ``overflowed`` method says so of
+the last state) is rebuilt with twice as many and the run starts again from
+the same key. Nothing is truncated.
+
+Chains run ``"vectorized"`` (one program, a leading chain axis in the state)
+or ``"parallel"`` (``jax.pmap``: one chain per device, e.g. per CPU core with
+``numpyro.set_host_device_count``); both give the same draws.
 
 The estimators (:class:`~jaxbnp.estimators.DirichletProcessMixture`), the
 ``jaxbnp`` command line and the ``fit_*`` functions all sample through it and
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -30,12 +38,16 @@ import numpy as np
 
 from .._progress import bar as progress_bar_context
 from .._progress import resolve as resolve_progress
+from ..checkpoint import CheckpointedRun, check_resumable, load_checkpoint, save_checkpoint
 from ..errors import CapacityError
 
-__all__ = ["RunResult", "run", "PROGRESS_BLOCKS"]
+__all__ = ["RunResult", "run", "PROGRESS_BLOCKS", "CHAIN_METHODS"]
 
 #: compiled blocks a run is cut into when it reports progress
 PROGRESS_BLOCKS = 50
+
+#: how chains run: in one batched program, or one per device (the same draws)
+CHAIN_METHODS = ("vectorized", "parallel")
 
 
 class RunResult(NamedTuple):
@@ -55,20 +67,29 @@ class RunResult(NamedTuple):
     seconds: float
 
 
-def _compile(kernel, collect, compiler_options, num_chains, num_warmup, num_samples, thinning, chunk):
-    """``(start, advance)`` programs for one kernel and one set of settings."""
-    total = num_warmup + num_samples * thinning
-    ragged = total % chunk != 0
+def _compile(kernel, collect, compiler_options, chain_method, num_chains, num_warmup, num_samples,
+             thinning):
+    """``(start, resume, advance)`` programs for one kernel and one set of settings.
+
+    ``start`` initialises the chains, ``resume`` sets the kernel up (as NumPyro does for a
+    ``post_warmup_state``) and starts from a saved state, ``advance(carry, first, count)``
+    runs iterations ``first .. first + count - 1`` and keeps the draws among them.
+    """
+    parallel = chain_method == "parallel"
+
+    def buffers_for(state):
+        return jax.tree.map(
+            lambda a: jnp.zeros((num_samples,) + jnp.shape(a), jnp.result_type(a)), collect(state))
 
     def start(key, init_params, model_args, model_kwargs):
-        keys = jax.random.split(key, num_chains) if num_chains > 1 else key
-        state = kernel.init(keys, num_warmup, init_params, model_args, model_kwargs)
-        buffers = jax.tree.map(
-            lambda a: jnp.zeros((num_samples,) + jnp.shape(a), jnp.result_type(a)), collect(state)
-        )
-        return state, buffers
+        state = kernel.init(key, num_warmup, init_params, model_args, model_kwargs)
+        return state, buffers_for(state)
 
-    def advance(carry, first, model_args, model_kwargs):
+    def resume(state, model_args, model_kwargs):
+        kernel.init(state.rng_key, num_warmup, None, model_args, model_kwargs)
+        return state, buffers_for(state)
+
+    def advance(carry, first, count, model_args, model_kwargs):
         def body(i, carry):
             s, buf = carry
             s = kernel.sample(s, model_args, model_kwargs)
@@ -79,16 +100,15 @@ def _compile(kernel, collect, compiler_options, num_chains, num_warmup, num_samp
             buf = jax.tree.map(lambda b, v: b.at[idx].set(jnp.where(keep, v, b[idx])), buf, collect(s))
             return s, buf
 
-        def step(k, carry):
-            i = first + k
-            if not ragged:
-                return body(i, carry)
-            return jax.lax.cond(i < total, lambda c: body(i, c), lambda c: c, carry)
-
-        return jax.lax.fori_loop(0, chunk, step, carry)
+        return jax.lax.fori_loop(first, first + count, body, carry)
 
     opts = {} if compiler_options is None else {"compiler_options": dict(compiler_options)}
-    return jax.jit(start, **opts), jax.jit(advance, **opts)
+    if parallel:  # one chain per device; model arguments and loop bounds are broadcast
+        return (jax.pmap(start, in_axes=(0, 0, None, None), **opts),
+                jax.pmap(resume, in_axes=(0, None, None), **opts),
+                jax.pmap(advance, in_axes=(0, None, None, None, None), **opts))
+    # vectorized: the kernel batches the chains itself, from the keys' leading axis
+    return jax.jit(start, **opts), jax.jit(resume, **opts), jax.jit(advance, **opts)
 
 
 _PROGRAMS: "OrderedDict[Any, tuple]" = OrderedDict()  # most recently used last
@@ -114,6 +134,34 @@ def _programs(make_kernel, capacity, cache_key, collect, compiler_options, setti
     return programs
 
 
+def _by_chain(tree, num_chains, chain_method):
+    """Leaves ``(num_samples, C, ...)`` (vectorized) or ``(C, num_samples, ...)`` (parallel)
+    as host arrays ``(C, num_samples, ...)``."""
+    def one(a):
+        a = np.asarray(a)
+        if chain_method == "parallel":
+            return a
+        return np.swapaxes(a, 0, 1) if num_chains > 1 else a[None]
+
+    return jax.tree.map(one, jax.device_get(tree))
+
+
+def _split(samples, extra_fields):
+    """A checkpoint's ``(samples, extra_fields)``: ``collect``'s entries split by name."""
+    if samples is None:
+        return None, None
+    return ({k: v for k, v in samples.items() if k not in extra_fields},
+            {k: v for k, v in samples.items() if k in extra_fields})
+
+
+def _joined(saved: CheckpointedRun | None, new):
+    """The saved run's draws (samples and extra fields) followed by ``new``."""
+    if saved is None or saved.samples is None:
+        return new
+    old = {**saved.samples, **(saved.extra_fields or {})}
+    return {k: np.concatenate([np.asarray(old[k]), v], axis=1) for k, v in new.items()}
+
+
 def run(
     make_kernel: Callable[[int | None], Any],
     key: jax.Array,
@@ -128,11 +176,17 @@ def run(
     init_params: dict | None = None,
     capacity: int | None = None,
     max_capacity: int | None = None,
+    chain_method: str = "vectorized",
     progress_bar: bool | None = False,
     description: str = "sampling",
     heartbeat: Any = None,
     cache_key: Any = None,
     compiler_options: dict | None = None,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    extra_fields: tuple = (),
+    on_restart: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Run ``num_chains`` chains of the kernel ``make_kernel(capacity)`` (module docstring).
 
@@ -147,54 +201,117 @@ def run(
     :param capacity: the first capacity to try.
     :param max_capacity: the largest capacity to try (``CapacityError`` when even
         that runs out).
+    :param chain_method: ``"vectorized"`` or ``"parallel"`` (one chain per device,
+        ``jax.pmap``; vectorized when there are fewer devices than chains). The same
+        draws either way.
     :param progress_bar: ``True``/``False``, or ``None`` for a bar only on a terminal
         outside CI (``jaxbnp._progress.resolve``).
     :param heartbeat: an object with ``tick(n)`` (``jaxbnp._progress.Heartbeat``),
-        advanced after every compiled block.
+        advanced after every compiled block (its ``count`` is reset when the run
+        restarts with a larger capacity).
     :param cache_key: a hashable description of the kernel's settings; programs with
         the same ``cache_key``, capacity and settings are compiled once per process.
         ``None`` compiles afresh.
     :param compiler_options: XLA options for the compiled programs (``jax.jit``'s).
+    :param checkpoint: a file (:mod:`jaxbnp.checkpoint`'s format, readable by
+        :func:`~jaxbnp.checkpoint.load_checkpoint`) written atomically after the
+        warm-up, after every ``checkpoint_every`` draws and at the end; ``None``: none.
+        Its ``samples`` are ``collect``'s entries other than ``extra_fields``.
+    :param resume: continue the run saved in ``checkpoint`` with ``num_samples`` more
+        draws per chain (no warm-up; the capacity must be the saved state's). The
+        result holds the saved draws and the new ones, equal to those of one
+        uninterrupted run.
+    :param on_restart: called with the new capacity before a run that ran out of
+        cluster slots starts again.
     """
     model_kwargs = dict(model_kwargs or {})
     num_warmup, num_samples, num_chains, thinning = (
         int(num_warmup), int(num_samples), int(num_chains), int(thinning))
+    checkpoint_every = int(checkpoint_every or 0)
+    if chain_method not in CHAIN_METHODS:
+        raise ValueError(f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}.")
+    if chain_method == "parallel" and not 1 < num_chains <= jax.local_device_count():
+        chain_method = "vectorized"  # the same draws
+    if resume and checkpoint is None:
+        raise ValueError("resume=True needs the checkpoint file to continue.")
+    saved = load_checkpoint(checkpoint) if resume else None
+    if saved is not None:
+        check_resumable(saved, num_chains, thinning)
+        num_warmup = 0
     show = resolve_progress(progress_bar)
     total = num_warmup + num_samples * thinning
     blocks = show or heartbeat is not None
     chunk = max(1, -(-total // PROGRESS_BLOCKS)) if blocks else max(total, 1)
-    settings = (num_chains, num_warmup, num_samples, thinning, chunk)
+    stops = {total} | set(range(chunk, total, chunk))
+    saves = set()
+    if checkpoint is not None:
+        saves = {total} | ({num_warmup} if saved is None else set())
+        if checkpoint_every:
+            saves |= set(range(num_warmup + checkpoint_every * thinning, total,
+                               checkpoint_every * thinning))
+        stops |= saves
+    bounds = [0, *sorted(b for b in stops if b > 0)]
+    settings = (chain_method, num_chains, num_warmup, num_samples, thinning)
     while True:
         t0 = time.perf_counter()
-        kernel, start, advance = _programs(make_kernel, capacity, cache_key, collect, compiler_options, settings)
+        kernel, start, restart, advance = _programs(
+            make_kernel, capacity, cache_key, collect, compiler_options, settings)
         try:
             label = description if capacity is None else f"{description} (capacity {capacity})"
             with progress_bar_context(total, label, show) as bar:
-                carry = start(key, init_params, model_args, model_kwargs)
-                for first in range(0, total, chunk):
-                    carry = advance(carry, first, model_args, model_kwargs)
+                if saved is not None:
+                    carry = restart(saved.last_state, model_args, model_kwargs)
+                else:
+                    keys = jax.random.split(key, num_chains) if num_chains > 1 else key
+                    carry = start(keys, init_params, model_args, model_kwargs)
+                if 0 in saves:
+                    _save(checkpoint, saved, None, carry[0], 0, num_samples, num_warmup,
+                          num_chains, thinning, extra_fields, chain_method)
+                for first, last in zip(bounds[:-1], bounds[1:]):
+                    carry = advance(carry, first, last - first, model_args, model_kwargs)
                     if blocks:
                         jax.block_until_ready(carry)
-                        done = min(chunk, total - first)
                         if not bar.disable:
-                            bar.update(done)
+                            bar.update(last - first)
                         if heartbeat is not None:
-                            heartbeat.tick(done)
+                            heartbeat.tick(last - first)
+                    if last in saves:
+                        draws = max(0, (last - num_warmup) // thinning)
+                        _save(checkpoint, saved, carry[1], carry[0], draws, num_samples,
+                              num_warmup, num_chains, thinning, extra_fields, chain_method)
                 state, buffers = carry
                 overflowed = getattr(kernel, "overflowed", None)
                 if overflowed is not None and overflowed(state):
                     raise CapacityError(
                         f"all {capacity} cluster slots are in use; the run is discarded")
-                samples = jax.device_get(buffers)
+                samples = _by_chain(buffers, num_chains, chain_method)
             break
         except CapacityError:
-            if capacity is None or (max_capacity is not None and capacity >= max_capacity):
+            if (saved is not None or capacity is None
+                    or (max_capacity is not None and capacity >= max_capacity)):
                 raise
             capacity = 2 * capacity if max_capacity is None else min(2 * capacity, max_capacity)
+            if heartbeat is not None and hasattr(heartbeat, "count"):
+                heartbeat.count = 0
+            if on_restart is not None:
+                on_restart(capacity)
     seconds = time.perf_counter() - t0
+    return RunResult(_joined(saved, samples), state, capacity, seconds)
 
-    def by_chain(a):
-        a = np.asarray(a)
-        return np.swapaxes(a, 0, 1) if num_chains > 1 else a[None]
 
-    return RunResult(jax.tree.map(by_chain, samples), state, capacity, seconds)
+def _save(path, saved, buffers, state, draws, num_samples, num_warmup, num_chains, thinning,
+          extra_fields, chain_method) -> None:
+    """Write the checkpoint of a run ``draws`` draws in (after a saved run's, if any)."""
+    new = None
+    if buffers is not None:
+        new = {k: v[:, :draws] for k, v in _by_chain(buffers, num_chains, chain_method).items()}
+    if new is not None:
+        new = _joined(saved, new)
+    elif saved is not None and saved.samples is not None:
+        new = {**saved.samples, **(saved.extra_fields or {})}
+    samples, extra = _split(new, extra_fields)
+    done = (0 if saved is None else saved.num_samples) + draws * thinning
+    planned = (0 if saved is None else saved.num_samples) + num_samples * thinning
+    warmup = num_warmup if saved is None else saved.num_warmup
+    save_checkpoint(path, CheckpointedRun(samples, extra, state, done, planned, warmup, num_chains,
+                                          thinning, tuple(extra_fields)))

@@ -1,11 +1,11 @@
 """What the models are: random measures, conjugate families, NumPyro distributions."""
 
-from .distributions import AuxiliaryU, ConjugateMixture, Partition, log_joint
+from .distributions import AuxiliaryU, ConjugateMixture, Partition, log_joint, mixture_model
 from .families import BetaBernoulli, DirichletMultinomial, Family, NormalGamma, NormalWishart
 from .measures import DP, NGGP, Measure, PitmanYor
 
 __all__ = [
-    "AuxiliaryU", "ConjugateMixture", "Partition", "log_joint",
+    "AuxiliaryU", "ConjugateMixture", "Partition", "log_joint", "mixture_model",
     "BetaBernoulli", "DirichletMultinomial", "Family", "NormalGamma", "NormalWishart",
     "DP", "NGGP", "Measure", "PitmanYor",
 ]

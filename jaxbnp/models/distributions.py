@@ -12,6 +12,9 @@
 * ``AuxiliaryU()``: the improper flat "prior" of the NGGP auxiliary ``u``;
   the density of ``u`` is carried by ``Partition(..., u=u)``, so the model's
   joint is exactly ``p(Π, u)``.
+* ``mixture_model(X, measure, family)``: the NumPyro model made of these
+  (``z ~ Partition``, ``X ~ ConjugateMixture``, and ``u`` for NGGP), the one
+  the estimators and the ``jaxbnp`` command line sample.
 
 Example (NGGP)
 --------------
@@ -30,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
@@ -43,7 +47,7 @@ from .families import (
 )
 from .measures import Measure
 
-__all__ = ["Partition", "ConjugateMixture", "AuxiliaryU", "log_joint"]
+__all__ = ["Partition", "ConjugateMixture", "AuxiliaryU", "log_joint", "mixture_model"]
 
 
 def _concrete_array(value: Any, owner: str, name: str):
@@ -280,3 +284,16 @@ def log_joint(X, labels, measure: Measure, family: Family, u=None) -> jax.Array:
     return ConjugateMixture(family, labels).log_prob(X) + Partition(
         measure, labels.shape[0], u=u
     ).log_prob(labels)
+
+
+def mixture_model(X, measure: Measure, family: Family) -> None:
+    """The BNP mixture as a NumPyro model (docs/mathematics.md §2): an ``AuxiliaryU`` site
+    ``u`` when the measure has one (NGGP), ``z ~ Partition(measure, n, u=u)`` and the
+    observed ``X ~ ConjugateMixture(family, z)``.
+
+    The model that :class:`~jaxbnp.estimators.DirichletProcessMixture` and ``jaxbnp
+    cluster`` sample, with ``(X, measure, family)`` as its arguments.
+    """
+    u = numpyro.sample("u", AuxiliaryU()) if measure.has_auxiliary else None
+    z = numpyro.sample("z", Partition(measure, X.shape[0], u=u))
+    numpyro.sample("X", ConjugateMixture(family, z), obs=X)
