@@ -141,7 +141,7 @@ class CheckpointedRun:
 
 
 def _partition_site(mcmc) -> str | None:
-    spec = getattr(getattr(mcmc, "sampler", None), "_spec", None)
+    spec = getattr(getattr(mcmc, "sampler", None), "spec", None)
     return getattr(spec, "partition_site", None)
 
 

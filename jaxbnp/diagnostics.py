@@ -42,7 +42,7 @@ _EXTRA_FIELDS_HINT = (
 
 # ----------------------------------------------------------------------------- draws
 def _labels_site(source, samples: dict) -> str | None:
-    spec = getattr(getattr(source, "sampler", None), "_spec", None)
+    spec = getattr(getattr(source, "sampler", None), "spec", None)
     name = getattr(spec, "partition_site", None) or getattr(source, "partition_site", None)
     if name in samples:
         return name

@@ -46,7 +46,6 @@ import math
 import warnings
 from collections import Counter
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

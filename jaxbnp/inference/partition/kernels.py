@@ -188,14 +188,21 @@ class DiscreteSiteKernel(MCMCKernel):
 
     The sites are used as they are (no constraint transform), a wrapped model
     gets a fresh kernel whose model spec and compiled sample function are
-    rebuilt on first use, and pickling drops the compiled function. Subclasses
-    keep the model in ``_model``, its parsed spec in ``_spec`` and the compiled
+    rebuilt on first use, and pickling drops the compiled function. The
+    partition kernels keep the model in ``_model``, the spec they read off its
+    trace at ``init`` in ``_spec`` (public as :attr:`spec`) and the compiled
     sample function in ``_sample_fn``.
     """
 
     @property
     def model(self):
         return self._model
+
+    @property
+    def spec(self):
+        """What ``init`` read off the model's trace (:class:`ModelSpec`: its site
+        names), or ``None`` before ``init`` and for kernels that keep none."""
+        return getattr(self, "_spec", None)
 
     @property
     def default_fields(self):
