@@ -262,8 +262,6 @@ FITS = {"mapdp": _fit_mapdp, "ddt": _fit_ddt, "bhmc": _fit_bhmc, **dict.fromkeys
 
 
 def _cluster(args) -> int:
-    import jax
-
     from ._validation import check_data
 
     X_raw, y, source = _load(args.data, args.labels)
@@ -279,12 +277,18 @@ def _cluster(args) -> int:
 
     t0 = time.perf_counter()
     fit = FITS[args.method](args, X, X_fit, fit_idx, family)
-    best, log_joint, num_clusters, z, capacity = fit.labels, fit.log_joint, fit.num_clusters, fit.z, fit.capacity
-    est = fit.extra if args.method == "mapdp" else None
-    tree = fit.extra if args.method == "ddt" else None  # the fitted diffusion tree
-    bhmc_fit = fit.extra if args.method == "bhmc" else None
     seconds = time.perf_counter() - t0
+    summary, best, diagnostics = _summarise(args, X, y, source, fit, fit_idx, seconds)
+    plots = _write_outputs(args, out, X, y, fit, best, summary)
+    _report(args, X, fit, fit_idx, summary, diagnostics, seconds, out, plots)
+    return 0
 
+
+def _summarise(args, X, y, source, fit, fit_idx, seconds):
+    """``(summary, point estimate, diagnostics)`` of a method's :class:`Fit`."""
+    import jax
+
+    z, log_joint, num_clusters = fit.z, fit.log_joint, fit.num_clusters
     diagnostics = None
     if z is not None:
         from . import diagnostics as diag
@@ -292,11 +296,10 @@ def _cluster(args) -> int:
 
         chain, draw = np.unravel_index(np.argmax(log_joint), log_joint.shape)
         best_draw = z[chain, draw]
-        draws = z.reshape(-1, z.shape[-1])
-        best = point_estimate(draws, loss="vi")  # minimises the posterior expected VI
+        best = point_estimate(z.reshape(-1, z.shape[-1]), loss="vi")  # min posterior expected VI
         diagnostics = diag.summary({"num_clusters": num_clusters, "log_joint": log_joint, "labels": z})
     else:
-        best_draw = best
+        best = best_draw = fit.labels
     summary = {
         "data": source,
         "num_points": int(X.shape[0]),
@@ -307,7 +310,7 @@ def _cluster(args) -> int:
         "chains": args.chains,
         "warmup": args.warmup,
         "samples": args.samples,
-        "capacity": capacity,
+        "capacity": fit.capacity,
         "seconds": round(seconds, 3),
         "clusters_point_estimate": int(len(np.unique(best))),
         "point_estimate": "min expected variation of information over the draws"
@@ -334,87 +337,110 @@ def _cluster(args) -> int:
         except ImportError:
             summary["nmi"] = None
             print('jaxbnp: install scikit-learn ("jaxbnp[plot]") for NMI/ARI.', file=sys.stderr)
-
-    if bhmc_fit is not None:
+    if args.method == "bhmc":
         summary["depth"] = int(args.depth)
-        summary["clusters_per_level"] = [int(len(np.unique(row))) for row in bhmc_fit.labels_per_level]
-        for level, row in enumerate(bhmc_fit.labels_per_level, start=1):
-            np.savetxt(out / f"labels_level{level}.csv", row, fmt="%d", header="cluster", comments="")
-            if y is not None:
-                from .metrics import level_scores
+        summary["clusters_per_level"] = [int(len(np.unique(row))) for row in fit.extra.labels_per_level]
+        if y is not None:
+            from .metrics import level_scores
 
-                summary[f"level{level}"] = level_scores(y[:, None], bhmc_fit.paths, level)
+            for level in range(1, len(fit.extra.labels_per_level) + 1):
+                summary[f"level{level}"] = level_scores(y[:, None], fit.extra.paths, level)
+    return summary, best, diagnostics
+
+
+def _save_figure(fig, path: Path) -> None:
+    from .plot import pyplot
+
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    pyplot().close(fig)
+
+
+def _write_outputs(args, out: Path, X, y, fit, best, summary) -> list[str]:
+    """labels.csv (and BHMC's labels per level), summary.json and the plots; the plots' names."""
+    if args.method == "bhmc":
+        for level, row in enumerate(fit.extra.labels_per_level, start=1):
+            np.savetxt(out / f"labels_level{level}.csv", row, fmt="%d", header="cluster", comments="")
     np.savetxt(out / "labels.csv", best, fmt="%d", header="cluster", comments="")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plots = []
     try:
         from .plot import plot_clusters, plot_trace, pyplot
 
-        plt = pyplot()
+        pyplot()
+        z = fit.z
         title = (f"{summary['clusters_point_estimate']} clusters "
                  + ("(point estimate)" if z is not None else f"({args.method})"))
-        ax = plot_clusters(X, best, title=title)
-        ax.figure.savefig(out / "clusters.png", dpi=120, bbox_inches="tight")
-        plt.close(ax.figure)
+        _save_figure(plot_clusters(X, best, title=title).figure, out / "clusters.png")
         plots = ["clusters.png"]
         if z is not None:
             from .metrics import posterior_similarity
             from .plot import plot_coclustering
 
-            axes = plot_trace(log_joint, num_clusters)
-            axes[0].figure.savefig(out / "trace.png", dpi=120, bbox_inches="tight")
-            plt.close(axes[0].figure)
+            _save_figure(plot_trace(fit.log_joint, fit.num_clusters)[0].figure, out / "trace.png")
             ax = plot_coclustering(posterior_similarity(z.reshape(-1, z.shape[-1])), labels=best)
-            ax.figure.savefig(out / "coclustering.png", dpi=120, bbox_inches="tight")
-            plt.close(ax.figure)
+            _save_figure(ax.figure, out / "coclustering.png")
             plots += ["trace.png", "coclustering.png"]
-        if bhmc_fit is not None:
+        if args.method == "bhmc":
             from .plot import plot_bhmc_tree
 
-            ax = plot_bhmc_tree(bhmc_fit.paths, labels_true=y)
-            ax.figure.savefig(out / "bhmc_tree.png", dpi=120, bbox_inches="tight")
-            plt.close(ax.figure)
+            _save_figure(plot_bhmc_tree(fit.extra.paths, labels_true=y).figure, out / "bhmc_tree.png")
             plots.append("bhmc_tree.png")
-        if tree is not None:
+        if args.method == "ddt":
             from .plot import plot_dendrogram
 
-            ax = plot_dendrogram(tree)
-            ax.figure.savefig(out / "dendrogram.png", dpi=120, bbox_inches="tight")
-            plt.close(ax.figure)
+            _save_figure(plot_dendrogram(fit.extra).figure, out / "dendrogram.png")
             plots.append("dendrogram.png")
     except ImportError as exc:
         print(f"jaxbnp: no plots ({exc})", file=sys.stderr)
+    return plots
 
-    print(f"data      {source}")
-    if args.method == "ddt":
-        print(f"method    ddt: Dirichlet diffusion tree, population MCMC over {max(2, args.chains)} chains, "
-              f"{args.warmup} warm-up + {args.samples} draws; best tree cut "
-              + (f"into {args.ddt_clusters} clusters" if args.ddt_clusters else
-                 f"at t = {args.t_stop}" if args.t_stop else "where the mean silhouette width is largest")
-              + (f"; fitted on {args.max_points} of the {X.shape[0]} points" if fit_idx is not None else ""))
-    elif args.method == "bhmc":
-        print(f"method    bhmc: nCRP(alpha={args.alpha}) + multilevel HDP mixture, depth {args.depth}, "
-              f"{args.chains} chain(s), {args.warmup} warm-up + {args.samples} sweeps; the sample with "
-              "the highest complete-data log likelihood"
-              + (f"; fitted on {args.max_points} of the {X.shape[0]} points" if fit_idx is not None else ""))
+
+def _describe_mcmc(args, X, fit_idx, fit) -> str:
+    start = (f", k-means++ start ({args.init_clusters} clusters)" if args.init == "kmeans"
+             else ", one-cluster start")
+    moves = {
+        "gibbs": f" (collapsed Gibbs sweeps{start})",
+        "splitmerge": f" ({args.split_merge_moves} split-merge moves + 1 Gibbs sweep per iteration{start})",
+        "tgmcmc": f" ({args.global_moves} tree-guided global moves + local moves on n/2^{args.depth} "
+                  f"points per iteration, init {args.tgmcmc_init})",
+    }.get(args.method, "")
+    return (f"{args.method}{moves}: {args.chains} chain(s), {args.warmup} warm-up + "
+            f"{args.samples} draws, DP(alpha={args.alpha}), {args.family}")
+
+
+def _describe_mapdp(args, X, fit_idx, fit) -> str:
+    variant = "the paper's algorithm" if args.paper else f"{fit.extra.mode} mode, defaults"
+    return (f"mapdp ({variant}): {args.chains} restart(s), "
+            f"DP(alpha={args.alpha}), {args.family or 'default prior'}, {fit.extra.n_iter_} iterations")
+
+
+def _describe_ddt(args, X, fit_idx, fit) -> str:
+    return (f"ddt: Dirichlet diffusion tree, population MCMC over {max(2, args.chains)} chains, "
+            f"{args.warmup} warm-up + {args.samples} draws; best tree cut "
+            + (f"into {args.ddt_clusters} clusters" if args.ddt_clusters else
+               f"at t = {args.t_stop}" if args.t_stop else "where the mean silhouette width is largest")
+            + (f"; fitted on {args.max_points} of the {X.shape[0]} points" if fit_idx is not None else ""))
+
+
+def _describe_bhmc(args, X, fit_idx, fit) -> str:
+    return (f"bhmc: nCRP(alpha={args.alpha}) + multilevel HDP mixture, depth {args.depth}, "
+            f"{args.chains} chain(s), {args.warmup} warm-up + {args.samples} sweeps; the sample with "
+            "the highest complete-data log likelihood"
+            + (f"; fitted on {args.max_points} of the {X.shape[0]} points" if fit_idx is not None else ""))
+
+
+#: each method's line in the report
+DESCRIBE = {"mapdp": _describe_mapdp, "ddt": _describe_ddt, "bhmc": _describe_bhmc,
+            **dict.fromkeys(KERNELS, _describe_mcmc)}
+
+
+def _report(args, X, fit, fit_idx, summary, diagnostics, seconds, out: Path, plots) -> None:
+    print(f"data      {summary['data']}")
+    print(f"method    {DESCRIBE[args.method](args, X, fit_idx, fit)}")
+    if args.method == "bhmc":
         print("levels    " + ", ".join(f"level {l}: {k} clusters"
                                        for l, k in enumerate(summary["clusters_per_level"], start=1)))
-    elif args.method != "mapdp":
-        start = (f", k-means++ start ({args.init_clusters} clusters)" if args.init == "kmeans"
-                 else ", one-cluster start")
-        moves = {
-            "gibbs": f" (collapsed Gibbs sweeps{start})",
-            "splitmerge": f" ({args.split_merge_moves} split-merge moves + 1 Gibbs sweep per iteration{start})",
-            "tgmcmc": f" ({args.global_moves} tree-guided global moves + local moves on n/2^{args.depth} "
-                      f"points per iteration, init {args.tgmcmc_init})",
-        }.get(args.method, "")
-        print(f"method    {args.method}{moves}: {args.chains} chain(s), {args.warmup} warm-up + "
-              f"{args.samples} draws, DP(alpha={args.alpha}), {args.family}")
-    else:
-        variant = "the paper's algorithm" if args.paper else f"{est.mode} mode, defaults"
-        print(f"method    mapdp ({variant}): {args.chains} restart(s), "
-              f"DP(alpha={args.alpha}), {args.family or 'default prior'}, {est.n_iter_} iterations")
-    if z is not None:
+    if diagnostics is not None:
         k = diagnostics["num_clusters"]
         print(f"clusters  {summary['clusters_point_estimate']} in the point estimate (min expected VI); "
               f"posterior mean {k['mean']:.2f}, {100 * 0.95:.0f}% HPD {list(k['hpd'])}, "
@@ -430,7 +456,6 @@ def _cluster(args) -> int:
     print(f"time      {seconds:.2f} s (compilation included)")
     print(f"wrote     {out / 'labels.csv'}, {out / 'summary.json'}"
           + "".join(f", {out / p}" for p in plots))
-    return 0
 
 
 def _initial_partition(args, X: np.ndarray, family=None):
