@@ -10,6 +10,9 @@ from ._cache import enable_compilation_cache
 from ._xla import set_cpu_loop_kernels
 from .inference import (
     BHMCFit,
+    BHMCKernel,
+    PartitionKernel,
+    moves,
     CapacityError,
     ClusterState,
     CollapsedGibbs,
@@ -43,6 +46,7 @@ from .models import (
     Tree,
     cut_tree,
     log_joint,
+    mixture_model,
     nested_hdp_model,
     path_log_prior,
     to_linkage,
@@ -82,11 +86,12 @@ __all__ = [
     "DP", "NGGP", "PitmanYor", "Measure",
     "NormalGamma", "NormalWishart", "DirichletMultinomial", "BetaBernoulli", "Family",
     # models (NumPyro distributions and programs)
-    "Partition", "ConjugateMixture", "AuxiliaryU", "log_joint",
+    "Partition", "ConjugateMixture", "AuxiliaryU", "log_joint", "mixture_model",
     "DiffusionTree", "BrownianLeaves", "Tree", "cut_tree", "to_linkage",
     "NestedCRP", "NestedHDP", "nested_hdp_model", "path_log_prior",
     # kernels (NumPyro MCMCKernels)
     "CollapsedGibbs", "CollapsedGibbsState", "SplitMerge", "TreeGuidedMCMC", "collapsed_gibbs_fn",
+    "PartitionKernel", "moves", "BHMCKernel",
     "DiffusionTreeMCMC", "PopulationDDT",
     "ClusterState", "CapacityError",
     # estimators and fitting functions

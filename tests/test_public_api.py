@@ -9,6 +9,8 @@ REQUIRED = [
     "CollapsedGibbs", "SplitMerge", "TreeGuidedMCMC", "MAPDP", "DirichletProcessMixture",
     "DP", "PitmanYor", "NGGP", "NormalGamma", "NormalWishart", "BetaBernoulli", "DirichletMultinomial",
     "Partition", "ConjugateMixture", "AuxiliaryU", "fit_mapdp_chunked", "enable_compilation_cache",
+    # composing moves (docs/design.md) and the shared model
+    "PartitionKernel", "moves", "BHMCKernel", "mixture_model",
 ]
 
 
@@ -21,3 +23,4 @@ def test_every_public_name_is_reachable_and_listed():
     assert set(bnp.__all__) <= set(dir(bnp))
     assert bnp.fit_ddt is bnp.inference.trees.fit.fit_ddt
     assert bnp.select_alpha is bnp.estimators.select_alpha
+    assert bnp.moves is bnp.inference.partition.moves

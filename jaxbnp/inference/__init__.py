@@ -8,15 +8,17 @@
 - ``sharded`` and ``distributed``: the drivers over device meshes and hosts.
 """
 
-from .bhmc import BHMCFit, fit_bhmc
+from .bhmc import BHMCFit, BHMCKernel, fit_bhmc
 from .partition import (
-    CapacityError, ClusterState, CollapsedGibbs, CollapsedGibbsState, SplitMerge, collapsed_gibbs_fn,
+    CapacityError, ClusterState, CollapsedGibbs, CollapsedGibbsState, PartitionKernel, SplitMerge,
+    collapsed_gibbs_fn,
 )
+from .partition import moves
 from .tgmcmc import TreeGuidedMCMC
 from .trees import DDTFit, DiffusionTreeMCMC, PopulationDDT, fit_ddt
 
 __all__ = [
     "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn",
     "SplitMerge", "TreeGuidedMCMC", "DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt",
-    "BHMCFit", "fit_bhmc",
+    "BHMCFit", "BHMCKernel", "fit_bhmc", "PartitionKernel", "moves",
 ]
