@@ -12,6 +12,12 @@ The predictive is written once, split in two so samplers can cache it:
 ``predictive_params(stats)`` (per cluster, recomputed only for clusters that
 change) and ``log_predictive_from_params(x, params)``.
 
+For instantiated (uncollapsed) samplers every family also gives
+``sample_params(key, stats)`` (a draw of the component parameters from their
+conjugate posterior; the prior for zero statistics) and
+``log_likelihood(X, params)`` (the ``(n, K)`` matrix of ``log p(x_i | θ_k)``),
+docs/mathematics.md §2 "Instantiated parameters".
+
 Families
 --------
 * ``NormalGamma(m0, k0, a0, b0)``: diagonal Gaussian, per-dimension
@@ -50,7 +56,9 @@ from .._pytree import ParameterPytree, concrete_value
 __all__ = [
     "Family",
     "NormalGamma",
+    "NormalGammaComponent",
     "NormalWishart",
+    "NormalWishartComponent",
     "DirichletMultinomial",
     "BetaBernoulli",
 ]
@@ -66,6 +74,12 @@ def _log_beta(a, b, m=_JAX_MATH):
     arguments >= 8 that is only accurate to about 1e-6.)
     """
     return m.gammaln(a) + m.gammaln(b) - m.gammaln(a + b)
+
+
+def _safe_log(p):
+    """``log p`` with exact zeros (underflowed Dirichlet/Beta draws) sent to the log of the
+    smallest positive normal number: finite, so that ``0 · log p`` in a matrix product is 0."""
+    return jnp.log(jnp.maximum(p, jnp.finfo(jnp.result_type(p)).tiny))
 
 
 def _as_float(owner: str, name: str, value: Any, ndims=(0, 1)) -> np.ndarray | None:
@@ -193,6 +207,19 @@ class Family(ParameterPytree):
         """``log p(x)`` under the prior (a new cluster)."""
         return self.log_predictive_from_params(x, self.prior_predictive_params(x.shape[-1], x.dtype))[0]
 
+    def sample_params(self, key: jax.Array, stats):
+        """A draw of the component parameters from their conjugate posterior given the
+        cluster statistics ``stats`` (the prior for zero statistics); leading axes of
+        ``stats`` are batch axes and are kept (docs/mathematics.md §2, "Instantiated
+        parameters")."""
+        raise NotImplementedError
+
+    def log_likelihood(self, X: jax.Array, params) -> jax.Array:
+        """``log p(x_i | θ_k)`` of every point ``X`` ``(n, D)`` under every component of
+        ``params`` (leading axis ``K``): shape ``(n, K)`` (docs/mathematics.md §2,
+        "Instantiated parameters")."""
+        raise NotImplementedError
+
     def validate_data(self, X: np.ndarray) -> None:
         """Raise ``ValueError`` if ``X`` cannot be modelled by this family."""
 
@@ -206,6 +233,13 @@ class NormalGammaStats(NamedTuple):
     n: jax.Array  # (..., )
     sum_x: jax.Array  # (..., D)
     sum_xx: jax.Array  # (..., D)
+
+
+class NormalGammaComponent(NamedTuple):
+    """Instantiated parameters of diagonal Gaussian components (leading axes = components)."""
+
+    mean: jax.Array  # (..., D) μ
+    precision: jax.Array  # (..., D) λ, one precision per dimension
 
 
 class NormalGamma(Family):
@@ -289,6 +323,30 @@ class NormalGamma(Family):
         z = (x - mn) ** 2 * inv_dof_scale2
         return log_norm - jnp.sum(half_dof1 * jnp.log1p(z), axis=-1)
 
+    def sample_params(self, key, stats):
+        """``NormalGammaComponent`` drawn from the Normal-Gamma posterior (docs/mathematics.md §2,
+        "Instantiated parameters"): per dimension ``λ ~ Gamma(a_n, rate=b_n)``, then
+        ``μ | λ ~ N(m_n, 1/(k_n λ))``. ``stats`` with leading axes ``(...,)`` give
+        parameters of shape ``(..., D)``."""
+        kn, mn, an, bn = self._posterior(stats)
+        shape = jnp.broadcast_shapes(jnp.shape(kn), jnp.shape(mn), jnp.shape(an), jnp.shape(bn))
+        dtype = jnp.result_type(mn, bn)
+        k_lam, k_mu = jax.random.split(key)
+        lam = jax.random.gamma(k_lam, jnp.broadcast_to(an, shape).astype(dtype), shape, dtype) / bn
+        mu = mn + jax.random.normal(k_mu, shape, dtype) / jnp.sqrt(kn * lam)
+        return NormalGammaComponent(mu, lam)
+
+    def log_likelihood(self, X, params):
+        """``log N(x_i | μ_k, diag(λ_k)⁻¹)``, shape ``(n, K)`` (docs/mathematics.md §2,
+        "Instantiated parameters"). The quadratic form is expanded,
+        ``Σ_d λ_d (x_d² − 2 x_d μ_d + μ_d²)``, so every term is a matrix product."""
+        X = jnp.asarray(X)
+        mu, lam = params.mean, params.precision
+        d = X.shape[-1]
+        const = 0.5 * jnp.sum(jnp.log(lam), -1) - 0.5 * jnp.sum(lam * mu * mu, -1) - 0.5 * d * _LOG_2PI
+        quad = (X * X) @ lam.T - 2.0 * (X @ (lam * mu).T)
+        return const - 0.5 * quad
+
     def validate_data(self, X):
         m0 = concrete_value(self.m0)
         if m0 is not None and m0.ndim == 1 and m0.shape[0] != X.shape[1]:
@@ -318,6 +376,13 @@ class NormalWishartParams(NamedTuple):
     rn: jax.Array  # (...,)
     nun: jax.Array  # (...,)
     log_norm: jax.Array  # (...,) log normaliser of the t density
+
+
+class NormalWishartComponent(NamedTuple):
+    """Instantiated parameters of full-covariance Gaussian components (leading axes = components)."""
+
+    mean: jax.Array  # (..., D) μ
+    precision: jax.Array  # (..., D, D) Λ
 
 
 class NormalWishart(Family):
@@ -505,6 +570,54 @@ class NormalWishart(Family):
         mean = (rn[..., None] * p.mean + sign * x) / (rn + sign)[..., None]
         return self._with_norm(mean, psi_inv, p.logdet_psi + jnp.log(denom), rn + sign, p.nun + sign)
 
+    def sample_params(self, key, stats):
+        """``NormalWishartComponent`` drawn from the Normal-Wishart posterior (docs/mathematics.md
+        §2, "Instantiated parameters"): ``Λ ~ Wishart(ν_n, Ψ_n⁻¹)`` (``E[Λ] = ν_n Ψ_n⁻¹``), then
+        ``μ | Λ ~ N(m_n, (r_n Λ)⁻¹)``.
+
+        Bartlett decomposition with ``Ψ_n = U Uᵀ`` (Cholesky): ``A`` lower triangular with
+        ``A_ii² ~ χ²(ν_n − i)`` (``i = 0..D−1``) and ``A_ij ~ N(0, 1)`` below the diagonal;
+        ``B = U⁻ᵀ A``, ``Λ = B Bᵀ`` and ``μ = m_n + U A⁻ᵀ z / √r_n`` with ``z ~ N(0, I)``.
+        Only triangular solves, no inverse. ``stats`` with leading axes ``(...,)`` give
+        ``mean`` ``(..., D)`` and ``precision`` ``(..., D, D)``."""
+        rn, nun, mn, psin = self._posterior(stats)
+        d = self.psi.shape[-1]
+        batch = mn.shape[:-1]
+        dtype = mn.dtype
+        k_diag, k_off, k_mu = jax.random.split(key, 3)
+        # χ²(k) = 2 Gamma(k/2)
+        df = jnp.broadcast_to(nun, batch)[..., None] - jnp.arange(d, dtype=dtype)
+        diag = jnp.sqrt(2.0 * jax.random.gamma(k_diag, 0.5 * df, batch + (d,), dtype))
+        off = jnp.tril(jax.random.normal(k_off, batch + (d, d), dtype), -1)
+        A = off + diag[..., :, None] * jnp.eye(d, dtype=dtype)
+        U = jnp.linalg.cholesky(psin)
+        U = jnp.broadcast_to(U, batch + (d, d))
+        Ut = jnp.swapaxes(U, -1, -2)
+        B = jax.scipy.linalg.solve_triangular(Ut, A, lower=False)
+        precision = B @ jnp.swapaxes(B, -1, -2)
+        precision = 0.5 * (precision + jnp.swapaxes(precision, -1, -2))
+        z = jax.random.normal(k_mu, batch + (d, 1), dtype)
+        y = jax.scipy.linalg.solve_triangular(A, z, lower=True, trans="T")  # A⁻ᵀ z
+        mean = mn + (U @ y)[..., 0] / jnp.sqrt(jnp.broadcast_to(rn, batch))[..., None]
+        return NormalWishartComponent(mean, precision)
+
+    def log_likelihood(self, X, params):
+        """``log N(x_i | μ_k, Λ_k⁻¹)``, shape ``(n, K)`` (docs/mathematics.md §2, "Instantiated
+        parameters"). The quadratic form is expanded, ``xᵀΛx − 2 xᵀΛμ + μᵀΛμ``: the first term
+        is the product of the ``(n, D²)`` matrix of ``x xᵀ`` with the ``(D², K)`` matrix of the
+        ``Λ_k``, the second ``X (Λ_k μ_k)ᵀ``; ``log|Λ_k|`` by Cholesky."""
+        X = jnp.asarray(X)
+        mu, P = params.mean, params.precision
+        n, d = X.shape
+        k = P.shape[0]
+        chol = jnp.linalg.cholesky(P)
+        logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), -1)
+        Pmu = jnp.sum(P * mu[:, None, :], -1)  # (K, D)
+        const = 0.5 * logdet - 0.5 * jnp.sum(Pmu * mu, -1) - 0.5 * d * _LOG_2PI
+        xx = (X[:, :, None] * X[:, None, :]).reshape(n, d * d)
+        quad = xx @ P.reshape(k, d * d).T - 2.0 * (X @ Pmu.T)
+        return const - 0.5 * quad
+
     def validate_data(self, X):
         d = self.psi.shape[-1]
         if X.shape[1] != d:
@@ -593,6 +706,19 @@ class DirichletMultinomial(Family):
             + jnp.sum(gammaln(post + x) - gammaln(post), -1)
         )
 
+    def sample_params(self, key, stats):
+        """Word distributions ``θ ~ Dir(β + C_c)`` (docs/mathematics.md §2, "Instantiated
+        parameters"): an array ``(..., V)`` for statistics with leading axes ``(...,)``."""
+        alpha = self._beta(stats.counts.shape[-1]) + stats.counts
+        return jax.random.dirichlet(key, alpha, dtype=alpha.dtype)
+
+    def log_likelihood(self, X, params):
+        """``Σ_w x_w log θ_kw``, shape ``(n, K)``: one matrix product ``X (log θ)ᵀ``
+        (docs/mathematics.md §2, "Instantiated parameters"). The multinomial coefficient is
+        dropped, as in ``log_marginal``. ``θ = 0`` (an underflowed draw) counts as the
+        smallest positive float, so a word absent from ``x`` contributes 0."""
+        return jnp.asarray(X) @ _safe_log(params).T
+
     def validate_data(self, X):
         if np.any(X < 0) or not np.all(np.equal(np.round(X), X)):
             raise ValueError(
@@ -655,6 +781,23 @@ class BetaBernoulli(Family):
     def log_predictive_from_params(self, x, params):
         log_p1, log_p0 = params
         return jnp.sum(x * log_p1 + (1.0 - x) * log_p0, -1)
+
+    def sample_params(self, key, stats):
+        """Feature probabilities ``θ_d ~ Beta(a + s_d, b + n − s_d)`` (docs/mathematics.md §2,
+        "Instantiated parameters"): an array ``(..., D)`` for statistics with leading axes
+        ``(...,)``."""
+        n = stats.n[..., None]
+        a = self.a + stats.ones
+        b = self.b + n - stats.ones
+        shape = jnp.broadcast_shapes(a.shape, b.shape)
+        return jax.random.beta(key, a, b, shape, dtype=jnp.result_type(a, b))
+
+    def log_likelihood(self, X, params):
+        """``Σ_d [x_d log θ_kd + (1 − x_d) log(1 − θ_kd)]``, shape ``(n, K)``: two matrix
+        products (docs/mathematics.md §2, "Instantiated parameters"). A draw of exactly 0 or 1
+        counts as the nearest positive float away from it."""
+        X = jnp.asarray(X)
+        return X @ _safe_log(params).T + (1.0 - X) @ _safe_log(1.0 - params).T
 
     def validate_data(self, X):
         if not np.all((X == 0) | (X == 1)):
