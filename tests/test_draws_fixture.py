@@ -4,20 +4,44 @@
 function, made by ``tests/fixtures/draws.py`` on the code before the layout by
 capability (the commit is stored in the file). This recomputes them with the
 code as it is now: labels, paths and trees exactly, the floats to 1e-9.
+
+The draws are computed in a fresh subprocess with the suite's XLA flags and
+float64 (what ``draws.py`` itself sets), so that they do not depend on what the
+test worker compiled before, and so that a crash inside XLA's compiler fails
+this test with its message instead of taking the worker down.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
-import pytest
 
-from tests.fixtures.draws import PATH, draws
+from tests.conftest import TEST_XLA_FLAGS
+from tests.fixtures.draws import PATH
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_SCRIPT = """
+import sys
+import jax
+jax.config.update("jax_enable_x64", True)
+import numpy as np
+from tests.fixtures.draws import draws
+np.savez(sys.argv[1], **draws())
+"""
 
 
-@pytest.fixture(scope="module")
-def now():
-    return draws()
-
-
-def test_same_draws_as_before_the_refactor(now):
+def test_same_draws_as_before_the_refactor(tmp_path):
+    out = tmp_path / "now.npz"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4 " + TEST_XLA_FLAGS,
+               JAXBNP_COMPILATION_CACHE="0", JAXBNP_PROGRESS="0",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("JAX_ENABLE_X64", None)
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    now = dict(np.load(out))
     stored = dict(np.load(PATH))
     stored.pop("commit")
     assert sorted(now) == sorted(stored)
