@@ -38,20 +38,18 @@ composes their own from :mod:`jaxbnp.inference.partition.moves` (the key of a
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
-from numpyro.handlers import seed, substitute, trace
-from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
 from ..._validation import check_data, check_int, check_labels
 from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ...models.measures import DP, NGGP
+from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 from . import gibbs as gibbs_core
 from . import moves
 from .clusters import (
@@ -62,7 +60,7 @@ from .moves import Move
 
 __all__ = [
     "PartitionKernel", "PartitionKernelState", "CollapsedGibbs", "CollapsedGibbsState", "SplitMerge",
-    "DiscreteSiteKernel", "ModelSpec", "chain_id", "collapsed_gibbs_fn", "hyperparameter_updates",
+    "ModelSpec", "chain_id", "collapsed_gibbs_fn", "hyperparameter_updates",
 ]
 
 #: capacity used when ``capacity=None`` and the data have more points than this
@@ -80,35 +78,24 @@ class ModelSpec(NamedTuple):
     num_points: int
 
 
-def _trace_model(model, z: dict, model_args, model_kwargs, fill_partition: bool = False):
-    def fill(site):
-        if isinstance(site["fn"], Partition) and not site["is_observed"]:
-            return jnp.zeros(site["fn"].num_points, jnp.int32)
-        if isinstance(site["fn"], AuxiliaryU) and not site["is_observed"]:
-            return jnp.ones(())
-        return None
-
-    m = substitute(model, data=z)
-    if fill_partition:
-        m = substitute(m, substitute_fn=fill)
-    return trace(seed(m, jax.random.key(0))).get_trace(*model_args, **(model_kwargs or {}))
+def _fill_partition(site):
+    """Placeholders for the sites a partition kernel owns, before it has values for them."""
+    if isinstance(site["fn"], Partition) and not site["is_observed"]:
+        return jnp.zeros(site["fn"].num_points, jnp.int32)
+    if isinstance(site["fn"], AuxiliaryU) and not site["is_observed"]:
+        return jnp.ones(())
+    return None
 
 
 def _find_spec(model_trace, update_hyperparameters: bool) -> ModelSpec:
-    partitions = [
-        name for name, s in model_trace.items()
-        if s["type"] == "sample" and isinstance(s["fn"], Partition) and not s["is_observed"]
-    ]
+    partitions = sample_sites(model_trace, Partition, observed=False)
     if len(partitions) != 1:
         raise ValueError(
             "CollapsedGibbs needs a model with exactly one latent Partition site, e.g. "
             "z = numpyro.sample('z', bnp.Partition(bnp.DP(1.0), n)); "
             f"found {len(partitions)} ({partitions})."
         )
-    observations = [
-        name for name, s in model_trace.items()
-        if s["type"] == "sample" and isinstance(s["fn"], ConjugateMixture) and s["is_observed"]
-    ]
+    observations = sample_sites(model_trace, ConjugateMixture, observed=True)
     if len(observations) != 1:
         raise ValueError(
             "CollapsedGibbs needs exactly one observed ConjugateMixture site, e.g. "
@@ -167,10 +154,7 @@ def _find_spec(model_trace, update_hyperparameters: bool) -> ModelSpec:
                 "pass it to the measure unchanged."
             )
         owned |= {s for s in (alpha_site, sigma_site) if s}
-    others = [
-        name for name, s in model_trace.items()
-        if s["type"] == "sample" and not s["is_observed"] and name not in owned
-    ]
+    others = [name for name in sample_sites(model_trace, observed=False) if name not in owned]
     if others:
         raise ValueError(
             f"The model has latent sites {others} that CollapsedGibbs does not update. "
@@ -181,50 +165,6 @@ def _find_spec(model_trace, update_hyperparameters: bool) -> ModelSpec:
     return ModelSpec(
         partitions[0], observations[0], u_site, alpha_site, sigma_site, p_site["fn"].num_points
     )
-
-
-class DiscreteSiteKernel(MCMCKernel):
-    """NumPyro adapter plumbing shared by jaxbnp's kernels over discrete / structured sites.
-
-    The sites are used as they are (no constraint transform), a wrapped model
-    gets a fresh kernel whose model spec and compiled sample function are
-    rebuilt on first use, and pickling drops the compiled function. The
-    partition kernels keep the model in ``_model``, the spec they read off its
-    trace at ``init`` in ``_spec`` (public as :attr:`spec`) and the compiled
-    sample function in ``_sample_fn``.
-    """
-
-    @property
-    def model(self):
-        return self._model
-
-    @property
-    def spec(self):
-        """What ``init`` read off the model's trace (:class:`ModelSpec`: its site
-        names), or ``None`` before ``init`` and for kernels that keep none."""
-        return getattr(self, "_spec", None)
-
-    @property
-    def default_fields(self):
-        return ("z",)
-
-    def wrap_model(self, wrapper):
-        kernel = copy.copy(self)
-        kernel._model = wrapper(self._model)
-        kernel._spec = None
-        kernel._sample_fn = None
-        return kernel
-
-    def get_constrain_fn(self, model_args, model_kwargs):
-        return lambda z: z
-
-    def postprocess_fn(self, model_args, model_kwargs):
-        return lambda z: z
-
-    def __getstate__(self):
-        d = self.__dict__.copy()
-        d["_sample_fn"] = None
-        return d
 
 
 class PartitionKernelState(NamedTuple):
@@ -335,7 +275,7 @@ class PartitionKernel(DiscreteSiteKernel):
 
     # -- reading the model --------------------------------------------------------------
     def _read(self, z, model_args, model_kwargs):
-        tr = _trace_model(self._model, z, model_args, model_kwargs)
+        tr = trace_model(self._model, z, model_args, model_kwargs)
         p_fn = tr[self._spec.partition_site]["fn"]
         obs = tr[self._spec.observation_site]
         priors = {
@@ -348,7 +288,7 @@ class PartitionKernel(DiscreteSiteKernel):
 
     def _setup(self, init_params, model_args, model_kwargs):
         z0 = dict(init_params or {})
-        tr = _trace_model(self._model, z0, model_args, model_kwargs, fill_partition=True)
+        tr = trace_model(self._model, z0, model_args, model_kwargs, fill=_fill_partition)
         spec = _find_spec(tr, self._update_hyperparameters)
         self._validate_trace(tr, spec)
         obs = tr[spec.observation_site]
@@ -675,15 +615,9 @@ def collapsed_gibbs_fn(
 
     def gibbs_fn(rng_key, gibbs_sites, hmc_sites):
         values = {**hmc_sites, **gibbs_sites}
-        tr = _trace_model(model, values, model_args, model_kwargs)
-        p_name = next(
-            name for name, s in tr.items()
-            if s["type"] == "sample" and isinstance(s["fn"], Partition)
-        )
-        obs = next(
-            s for s in tr.values()
-            if s["type"] == "sample" and isinstance(s["fn"], ConjugateMixture) and s["is_observed"]
-        )
+        tr = trace_model(model, values, model_args, model_kwargs)
+        p_name = sample_sites(tr, Partition)[0]
+        obs = tr[sample_sites(tr, ConjugateMixture, observed=True)[0]]
         p_fn = tr[p_name]["fn"]
         measure, family = p_fn.measure, obs["fn"].family
         X = jnp.asarray(obs["value"])

@@ -52,6 +52,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..partition.moves import MHInfo
+
 __all__ = [
     "Pool",
     "TreeContext",
@@ -746,10 +748,14 @@ class GlobalMovesInfo(NamedTuple):
     no_room: jax.Array
 
     @property
+    def mh(self) -> MHInfo:
+        """The move statistics as the partition moves report them."""
+        return MHInfo(self.num_accepted, self.num_proposed, self.sum_log_accept, self.num_log_accept)
+
+    @property
     def mean_log_accept(self) -> jax.Array:
         """Mean ``min(0, log r)`` over the counted proposals (0 when none)."""
-        m = self.num_log_accept
-        return jnp.where(m > 0, self.sum_log_accept / jnp.maximum(m, 1), 0.0)
+        return self.mh.mean_log_accept
 
 
 @functools.partial(jax.jit, static_argnames=("capacity", "num_moves", "max_parts", "early_rejection"))

@@ -131,8 +131,7 @@ def tree_guided_moves(num_moves: int, max_parts: int = 16, early_rejection: bool
                 num_moves=num_moves, max_parts=max_parts, early_rejection=early_rejection,
             )
             clusters = clusters_from_labels(family, X, forest.labels, capacity, clusters.overflow | info.no_room)
-            mh = MHInfo(info.num_accepted, info.num_proposed, info.sum_log_accept, info.num_log_accept)
-            return PartitionState(clusters, u), forest, mh
+            return PartitionState(clusters, u), forest, info.mh
         jit_trees = not host_trees.inside_pmap()
         labels, accepted, proposed, sum_log, num_log = io_callback(
             lambda *a: host_trees.host_global_moves(run_id, num_moves, early_rejection, jit_trees, *a),

@@ -66,7 +66,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from numpyro.handlers import seed, substitute, trace
 from numpyro.util import is_prng_key
 
 from ..._validation import check_data
@@ -89,7 +88,7 @@ from ...models.ddt import (
     root_of,
     structure_log_prior,
 )
-from ..partition.kernels import DiscreteSiteKernel
+from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 
 __all__ = [
     "Hyperpriors", "DDTState", "DDTInfo", "init", "step",
@@ -411,17 +410,11 @@ class DiffusionTreeMCMCState(NamedTuple):
     rng_key: jax.Array
 
 
-def _trace_model(model, z, model_args, model_kwargs, key=None, fill_tree: bool = False):
-    def fill(site):
-        if isinstance(site["fn"], DiffusionTree) and not site["is_observed"]:
-            return comb_tree(site["fn"].num_points)
-        return None
-
-    m = substitute(model, data=z)
-    if fill_tree:
-        m = substitute(m, substitute_fn=fill)
-    key = jax.random.key(0) if key is None else key
-    return trace(seed(m, key)).get_trace(*model_args, **(model_kwargs or {}))
+def _fill_tree(site):
+    """A placeholder tree for the DiffusionTree site before the kernel has one."""
+    if isinstance(site["fn"], DiffusionTree) and not site["is_observed"]:
+        return comb_tree(site["fn"].num_points)
+    return None
 
 
 def _check_positive_prior(fn, name: str, what: str) -> None:
@@ -439,20 +432,14 @@ def _check_positive_prior(fn, name: str, what: str) -> None:
 
 
 def _find_spec(tr, kernel_name: str) -> ModelSpec:
-    trees = [
-        name for name, s in tr.items()
-        if s["type"] == "sample" and isinstance(s["fn"], DiffusionTree) and not s["is_observed"]
-    ]
+    trees = sample_sites(tr, DiffusionTree, observed=False)
     if len(trees) != 1:
         raise ValueError(
             f"{kernel_name} needs a model with exactly one latent DiffusionTree site, e.g. "
             "tree = numpyro.sample('tree', DiffusionTree(c, n)); "
             f"found {len(trees)} ({trees})."
         )
-    datas = [
-        name for name, s in tr.items()
-        if s["type"] == "sample" and isinstance(s["fn"], BrownianLeaves) and s["is_observed"]
-    ]
+    datas = sample_sites(tr, BrownianLeaves, observed=True)
     if len(datas) != 1:
         raise ValueError(
             f"{kernel_name} needs exactly one observed BrownianLeaves site, e.g. "
@@ -478,10 +465,7 @@ def _find_spec(tr, kernel_name: str) -> ModelSpec:
                 _check_positive_prior(s["fn"], name, what)
                 found[key] = name
                 owned.add(name)
-    others = [
-        name for name, s in tr.items()
-        if s["type"] == "sample" and not s["is_observed"] and name not in owned
-    ]
+    others = [name for name in sample_sites(tr, observed=False) if name not in owned]
     if others:
         raise ValueError(
             f"The model has latent sites {others} that {kernel_name} does not update: it updates "
@@ -552,7 +536,7 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
     # the model at the state's ``z`` (``_read``) each time a program is traced.
     def _read(self, z, model_args, model_kwargs) -> _Reading:
         """The model at ``z`` (which holds the tree): its sites, scales, data and hyperpriors."""
-        tr = _trace_model(self._model, z, model_args, model_kwargs)
+        tr = trace_model(self._model, z, model_args, model_kwargs)
         spec = _find_spec(tr, self._name)
         tree_fn, data = tr[spec.tree_site]["fn"], tr[spec.data_site]
         hyper_sites = (spec.c_site, spec.sigma_site, spec.noise_site)
@@ -565,7 +549,7 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
 
     def _setup(self, init_params, model_args, model_kwargs) -> ModelSpec:
         z0 = dict(init_params or {})
-        tr = _trace_model(self._model, z0, model_args, model_kwargs, fill_tree=True)
+        tr = trace_model(self._model, z0, model_args, model_kwargs, fill=_fill_tree)
         spec = _find_spec(tr, self._name)
         X = tr[spec.data_site]["value"]
         if not isinstance(X, jax.core.Tracer):
@@ -590,7 +574,7 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         params = dict(params)
         if self._init_strategy == "comb" and spec.tree_site not in params:
             params[spec.tree_site] = comb_tree(spec.num_points, jnp.result_type(float))
-        tr = _trace_model(self._model, params, model_args, model_kwargs, key=k_trace)
+        tr = trace_model(self._model, params, model_args, model_kwargs, key=k_trace)
         z = {spec.tree_site: jax.tree.map(jnp.asarray, tr[spec.tree_site]["value"])}
         dtype = z[spec.tree_site].time.dtype
         for name in (spec.c_site, spec.sigma_site, spec.noise_site):
