@@ -108,15 +108,16 @@ def _make_family(name: str, X: np.ndarray):
     raise SystemExit(f"jaxbnp: unknown family {name!r}.")
 
 
-#: the MCMC methods: the kernel (a class of :mod:`jaxbnp.inference`) and its options, from
-#: the parsed arguments; every other option is the runner's (:func:`jaxbnp.inference.runner.run`)
+#: the MCMC methods (their kernels: :data:`jaxbnp.inference.PARTITION_KERNELS`) and the
+#: kernel options each takes from the parsed arguments; every other option is the
+#: runner's (:func:`jaxbnp.inference.runner.run`)
 KERNELS = {
     # the tgMCMC paper's SM baseline: moves + a Gibbs sweep
-    "splitmerge": ("SplitMerge", lambda args: {"num_split_merge": args.split_merge_moves}),
-    "gibbs": ("CollapsedGibbs", lambda args: {}),
-    # the paper's G and D; trees on the host
-    "tgmcmc": ("TreeGuidedMCMC", lambda args: {"num_global_moves": args.global_moves,
-                                               "depth": args.depth, "init": args.tgmcmc_init}),
+    "splitmerge": lambda args: {"num_split_merge": args.split_merge_moves},
+    "gibbs": lambda args: {},
+    # the paper's G and D
+    "tgmcmc": lambda args: {"num_global_moves": args.global_moves, "depth": args.depth,
+                            "init": args.tgmcmc_init},
 }
 
 #: what the command line keeps of a state: the labels and two traces (NumPyro's extra fields)
@@ -149,12 +150,11 @@ def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
 
     import jax
 
-    from . import inference
+    from .inference import PARTITION_KERNELS
     from .inference.runner import run
     from .models import DP, mixture_model
 
-    name, options = KERNELS[args.method]
-    kernel_cls, options = getattr(inference, name), options(args)
+    kernel_cls, options = PARTITION_KERNELS[args.method], KERNELS[args.method](args)
     capacity = args.capacity
     init_params = None if args.resume else _initial_partition(args, X, family)
     if init_params is not None:  # room for the start's clusters and 12 free slots to split into

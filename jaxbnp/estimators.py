@@ -409,12 +409,6 @@ METHOD_OPTIONS = {
 _SMALL_BLOCK, _BLOCK = 8, 64
 
 
-def _kernel_class(method: str):
-    from .inference import CollapsedGibbs, SplitMerge, TreeGuidedMCMC
-
-    return {"gibbs": CollapsedGibbs, "splitmerge": SplitMerge, "tgmcmc": TreeGuidedMCMC}[method]
-
-
 def _collect(state):
     out = {"labels": state.z["z"], "log_joint": state.log_joint, "num_clusters": state.num_clusters}
     if "u" in state.z:
@@ -423,7 +417,9 @@ def _collect(state):
 
 
 def _make_kernel(method, options):
-    kernel_cls = _kernel_class(method)
+    from .inference import PARTITION_KERNELS
+
+    kernel_cls = PARTITION_KERNELS[method]
     return lambda capacity: kernel_cls(mixture_model, capacity=capacity, **dict(options))
 
 

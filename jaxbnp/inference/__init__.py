@@ -20,5 +20,9 @@ from .trees import DDTFit, DiffusionTreeMCMC, PopulationDDT, fit_ddt
 __all__ = [
     "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn",
     "SplitMerge", "TreeGuidedMCMC", "DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt",
-    "BHMCFit", "BHMCKernel", "fit_bhmc", "PartitionKernel", "moves",
+    "BHMCFit", "BHMCKernel", "fit_bhmc", "PartitionKernel", "moves", "PARTITION_KERNELS",
 ]
+
+#: the ready-made partition samplers by the method names the estimators and the command
+#: line use (``DirichletProcessMixture(method=...)``, ``jaxbnp cluster --method ...``)
+PARTITION_KERNELS = {"gibbs": CollapsedGibbs, "splitmerge": SplitMerge, "tgmcmc": TreeGuidedMCMC}
