@@ -21,6 +21,7 @@ from .inference import (
     DiffusionTreeMCMC,
     PopulationDDT,
     SplitMerge,
+    SubClusterMCMC,
     TreeGuidedMCMC,
     collapsed_gibbs_fn,
     fit_bhmc,
@@ -90,7 +91,8 @@ __all__ = [
     "DiffusionTree", "BrownianLeaves", "Tree", "cut_tree", "to_linkage",
     "NestedCRP", "NestedHDP", "nested_hdp_model", "path_log_prior",
     # kernels (NumPyro MCMCKernels)
-    "CollapsedGibbs", "CollapsedGibbsState", "SplitMerge", "TreeGuidedMCMC", "collapsed_gibbs_fn",
+    "CollapsedGibbs", "CollapsedGibbsState", "SplitMerge", "SubClusterMCMC", "TreeGuidedMCMC",
+    "collapsed_gibbs_fn",
     "PartitionKernel", "moves", "BHMCKernel",
     "DiffusionTreeMCMC", "PopulationDDT",
     "ClusterState", "CapacityError",

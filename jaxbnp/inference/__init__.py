@@ -11,7 +11,7 @@
 from .bhmc import BHMCFit, BHMCKernel, fit_bhmc
 from .partition import (
     CapacityError, ClusterState, CollapsedGibbs, CollapsedGibbsState, PartitionKernel, SplitMerge,
-    collapsed_gibbs_fn,
+    SubClusterMCMC, collapsed_gibbs_fn,
 )
 from .partition import moves
 from .tgmcmc import TreeGuidedMCMC
@@ -19,10 +19,13 @@ from .trees import DDTFit, DiffusionTreeMCMC, PopulationDDT, fit_ddt
 
 __all__ = [
     "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn",
-    "SplitMerge", "TreeGuidedMCMC", "DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt",
+    "SplitMerge", "SubClusterMCMC", "TreeGuidedMCMC", "DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt",
     "BHMCFit", "BHMCKernel", "fit_bhmc", "PartitionKernel", "moves", "PARTITION_KERNELS",
 ]
 
 #: the ready-made partition samplers by the method names the estimators and the command
 #: line use (``DirichletProcessMixture(method=...)``, ``jaxbnp cluster --method ...``)
-PARTITION_KERNELS = {"gibbs": CollapsedGibbs, "splitmerge": SplitMerge, "tgmcmc": TreeGuidedMCMC}
+PARTITION_KERNELS = {
+    "gibbs": CollapsedGibbs, "splitmerge": SplitMerge, "tgmcmc": TreeGuidedMCMC,
+    "subcluster": SubClusterMCMC,
+}

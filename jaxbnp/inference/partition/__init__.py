@@ -7,9 +7,9 @@ kernels (``kernels``)."""
 from .clusters import CapacityError, ClusterState, PartitionState
 from .kernels import (
     CollapsedGibbs, CollapsedGibbsState, PartitionKernel, PartitionKernelState, SplitMerge,
-    collapsed_gibbs_fn,
+    SubClusterMCMC, collapsed_gibbs_fn,
 )
 
 __all__ = ["CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState",
-           "PartitionKernel", "PartitionKernelState", "PartitionState", "SplitMerge",
+           "PartitionKernel", "PartitionKernelState", "PartitionState", "SplitMerge", "SubClusterMCMC",
            "collapsed_gibbs_fn"]

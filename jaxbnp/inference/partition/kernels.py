@@ -51,7 +51,7 @@ from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ...models.measures import DP, NGGP
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 from . import gibbs as gibbs_core
-from . import moves
+from . import moves, subcluster
 from .clusters import (
     ClusterState, PartitionState, canonical_labels, cluster_log_joint, clusters_from_labels,
     raise_if_overflow,
@@ -60,11 +60,14 @@ from .moves import Move
 
 __all__ = [
     "PartitionKernel", "PartitionKernelState", "CollapsedGibbs", "CollapsedGibbsState", "SplitMerge",
+    "SubClusterMCMC",
     "ModelSpec", "chain_id", "collapsed_gibbs_fn", "hyperparameter_updates",
 ]
 
 #: capacity used when ``capacity=None`` and the data have more points than this
 DEFAULT_CAPACITY = 128
+#: SubClusterMCMC's capacity when ``capacity=None`` and ``n`` is larger
+SUBCLUSTER_DEFAULT_CAPACITY = 64
 
 
 class ModelSpec(NamedTuple):
@@ -597,6 +600,73 @@ class SplitMerge(PartitionKernel):
         self._num_split_merge = num_split_merge
         self._num_restricted_scans = num_restricted_scans
         self._gibbs_sweeps = gibbs_sweeps
+
+
+class SubClusterMCMC(PartitionKernel):
+    """Sub-cluster split/merge MCMC (Chang & Fisher 2013), exact and data-parallel, as a
+    NumPyro kernel (:mod:`jaxbnp.inference.partition.subcluster`, docs/mathematics.md §7).
+
+    Each iteration draws the occupied clusters' weights and parameters, proposes every
+    label at once (one ``(n, capacity)`` likelihood matrix), then fits two sub-clusters
+    inside every pair of a random matching of the slots and proposes splits and merges
+    from them, each accepted by Metropolis-Hastings. The chain's law, marginalised to the
+    partition, is the posterior (checked against enumeration in
+    ``tests/exact/test_subcluster_exact.py``). Every step is a computation over all
+    points at once, so it uses every core and GPU lane; ``mesh=`` shards the points over
+    devices with the same draws.
+
+    :param model: a NumPyro model with one latent ``Partition`` site (``DP`` or
+        ``PitmanYor``) and one observed ``ConjugateMixture`` site, as for
+        :class:`CollapsedGibbs`.
+    :param num_launch_sweeps: restricted Gibbs sweeps that fit the sub-clusters of each
+        pair before a split or merge is proposed (``>= 0``; more sweeps, better-aimed
+        splits, a longer iteration).
+    :param capacity: cluster slots; ``None`` means ``min(n, 64)``. When every slot is in
+        use the chain cannot split any more: ``CapacityError`` (or, under
+        :func:`jaxbnp.inference.runner.run` and the estimators, a restart with twice the
+        slots). A larger capacity makes each split proposal less likely to be accepted
+        (the matching's slot factor, §7), so it is kept near twice the number of clusters.
+    :param init_strategy: as for :class:`CollapsedGibbs` (default ``"one"``: all points in
+        one cluster).
+    :param update_hyperparameters: as for :class:`CollapsedGibbs` (DP ``alpha``).
+    :param chain_batching: as for :class:`CollapsedGibbs`.
+    :param mesh: a ``jax.sharding.Mesh`` whose first axis shards the points
+        (``jaxbnp.inference.sharded.make_mesh()``); ``None``: one device.
+
+    Extra fields: ``log_joint``, ``num_clusters``, ``num_accepted`` and ``num_proposed``
+    (split and merge proposals of the iteration), ``mean_log_accept``.
+
+    Example: ``MCMC(SubClusterMCMC(model), num_warmup=50, num_samples=200).run(key, X)``.
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        num_launch_sweeps: int = 3,
+        capacity: int | None = None,
+        init_strategy: str = "one",
+        update_hyperparameters: bool = False,
+        chain_batching: str = "auto",
+        mesh=None,
+    ):
+        num_launch_sweeps = check_int("num_launch_sweeps", num_launch_sweeps)
+        super().__init__(
+            model, subcluster.subcluster_move(num_launch_sweeps, mesh=mesh), capacity=capacity,
+            init_strategy=init_strategy, update_hyperparameters=update_hyperparameters,
+            chain_batching=chain_batching,
+        )
+        self._num_launch_sweeps = num_launch_sweeps
+        self._mesh = mesh
+
+    def capacity_for(self, num_points: int) -> int:
+        if self._capacity is not None:
+            return int(self._capacity)
+        return min(num_points, SUBCLUSTER_DEFAULT_CAPACITY)
+
+    def _validate_trace(self, model_trace, spec: ModelSpec) -> None:
+        measure = model_trace[spec.partition_site]["fn"].measure
+        subcluster.check_measure(measure)
 
 
 def collapsed_gibbs_fn(

@@ -1,0 +1,396 @@
+"""Sub-cluster split/merge MCMC (Chang & Fisher 2013), exact and data-parallel
+(docs/mathematics.md §7).
+
+One iteration is two data-parallel passes over the points, each scored as one
+``(n, capacity)`` matrix of instantiated log-likelihoods
+(``family.log_likelihood``, a matrix product for the Gaussian families):
+
+1. **Restricted Gibbs.** Given the partition, draw the weights of the occupied
+   clusters (``Dir(N_k, α)`` for ``DP``, ``Dir(N_k − d, α + K d)`` for
+   ``PitmanYor``: the Dirichlet shapes are the measure's Gibbs weights) and each
+   cluster's parameters from its conjugate posterior (``family.sample_params``);
+   then propose every label independently, ``z_i ∝ π_k f(x_i | θ_k)`` over the
+   occupied clusters. The proposal is accepted when no cluster is left empty
+   (an independence Metropolis-Hastings step whose ratio is exactly that
+   indicator: §7), so the number of clusters does not change here.
+2. **Split/merge by sub-clusters.** The ``capacity`` slots are paired by a
+   uniformly random matching (independent of the state). Every pair's points
+   (the union ``U`` of its two slots) are fitted by a two-component sub-cluster
+   mixture: random sub-labels, then ``num_launch_sweeps`` restricted Gibbs sweeps
+   of sub-cluster weights, parameters and sub-labels, all pairs at once. The
+   sub-cluster parameters after the last sweep, ``L``, define the proposal
+   ``q(z̄ | L) = Π_i p(z̄_i | L, x_i)``. A pair with one occupied slot proposes to
+   split it by a fresh draw of ``z̄``; a pair with two occupied slots proposes to
+   merge them. Each proposal is accepted by Metropolis-Hastings with the ratio
+   of §7, which includes ``q`` (the paper's ratio leaves it out) and the
+   matching's slot factor; the decisions are a short scan over the pairs.
+
+Why the sub-clusters are rebuilt every iteration (§7): Chang & Fisher keep the
+sub-clusters from one iteration to the next. Their law given the partition is
+then the history of the chain, a law with no density one can write, so no
+Hastings ratio of a split proposed from them is computable, and the ratio the
+paper uses (no proposal term) is not that of any reversible move. Built from
+the union ``U`` alone, the sub-clusters are an auxiliary variable with the same
+law in the split and in the merge that undoes it (Jain & Neal's launch
+argument), so their density cancels and only ``q`` remains. The persistent
+state is the last iteration's instantiated variables (:class:`SubClusterState`),
+kept for inspection and never read by the next iteration.
+
+Every per-point quantity comes from per-point uniforms (:func:`point_noise`) and
+every per-cluster quantity from sums over points, so the same function runs on
+one device and inside ``jax.shard_map`` with ``lax.psum`` over the points'
+axis (``axis_name``): the same chain for the same key
+(:func:`sharded_iteration`; ``SubClusterMCMC(model, mesh=...)``).
+
+Example
+-------
+>>> import jax, jax.numpy as jnp, jaxbnp as bnp
+>>> from jaxbnp.inference.partition import subcluster
+>>> X = jnp.concatenate([jnp.zeros((20, 1)) - 3.0, jnp.zeros((20, 1)) + 3.0])
+>>> X = X + 0.3 * jax.random.normal(jax.random.key(0), X.shape)
+>>> labels = jnp.zeros(40, jnp.int32)
+>>> for t in range(5):
+...     labels, _, _ = subcluster.step(jax.random.key(t), labels, X, bnp.DP(1.0),
+...                                    bnp.NormalGamma(), capacity=4)
+>>> int(jnp.unique(labels).size)
+2
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.scipy.special import gammaln
+
+from ..._validation import check_int
+from .clusters import ClusterState, PartitionState
+from .moves import Context, MHInfo, Move
+
+__all__ = [
+    "SubClusterState",
+    "SubClusterInfo",
+    "point_noise",
+    "iteration",
+    "step",
+    "sharded_iteration",
+    "subcluster_move",
+    "check_measure",
+]
+
+
+class SubClusterState(NamedTuple):
+    """The instantiated variables of the last iteration (inspection only, §7).
+
+    log_weights: ``(capacity,)`` log weights ``log π_k`` of the occupied slots drawn in the
+        restricted Gibbs step, normalised over the occupied slots; ``-inf`` elsewhere.
+    params: the clusters' parameters drawn in that step (family component, leading axis
+        ``capacity``).
+    sub_labels: ``(n,)`` int32 sub-label (0 or 1) of every point in its pair's last launch
+        (the drawn split for a pair with one occupied slot).
+    sub_log_weights: ``(capacity,)`` log sub-cluster weights of the launch, entry ``2 j + h``
+        for sub-cluster ``h`` of pair ``j``.
+    sub_params: the launch's sub-cluster parameters, indexed like ``sub_log_weights``.
+    pair: ``(capacity,)`` int32 pair of each slot in the iteration's matching (``-1``: unpaired).
+    """
+
+    log_weights: jax.Array
+    params: Any
+    sub_labels: jax.Array
+    sub_log_weights: jax.Array
+    sub_params: Any
+    pair: jax.Array
+
+
+class SubClusterInfo(NamedTuple):
+    """Statistics of one iteration.
+
+    mh: :class:`~jaxbnp.inference.partition.moves.MHInfo` of the split and merge proposals
+        (pairs whose proposal changes the partition).
+    labels_accepted: whether the restricted Gibbs label proposal was kept (no cluster emptied).
+    num_splits, num_merges: accepted splits and merges.
+    """
+
+    mh: MHInfo
+    labels_accepted: jax.Array
+    num_splits: jax.Array
+    num_merges: jax.Array
+
+
+def check_measure(measure, owner: str = "SubClusterMCMC") -> None:
+    """Raise ``ValueError`` for measures whose instantiated weights are not Dirichlet given
+    the partition (NGGP): the restricted Gibbs step needs them (§7)."""
+    if getattr(measure, "has_auxiliary", False):
+        raise ValueError(
+            f"{owner} supports DP and PitmanYor partitions: given the partition their occupied "
+            f"weights are Dirichlet (docs/mathematics.md §7). {type(measure).__name__} is not; "
+            "use CollapsedGibbs, SplitMerge or TreeGuidedMCMC for it."
+        )
+
+
+def point_noise(key: jax.Array, num_points: int, num_launch_sweeps: int, dtype=None) -> jax.Array:
+    """The per-point uniforms of one iteration, ``(num_points, num_launch_sweeps + 3)``:
+    column 0 the label proposal, 1 the launch's random sub-labels, ``2 .. T + 1`` the
+    launch sweeps, ``T + 2`` the split proposal. Drawn for the whole data set, so a
+    sharded run slices the same numbers."""
+    dtype = dtype or jnp.result_type(float)
+    return jax.random.uniform(key, (num_points, num_launch_sweeps + 3), dtype)
+
+
+def _categorical_from_uniform(logits: jax.Array, u: jax.Array) -> jax.Array:
+    """Inverse-CDF draw of one index per row of ``logits`` (``-inf`` = impossible) from
+    one uniform per row; never returns an impossible index."""
+    m = jnp.max(logits, axis=-1, keepdims=True)
+    w = jnp.exp(logits - m)
+    c = jnp.cumsum(w, axis=-1)
+    t = u * c[:, -1]
+    idx = jnp.sum(c <= t[:, None], axis=-1)
+    possible = jnp.isfinite(logits)
+    last = logits.shape[-1] - 1 - jnp.argmax(possible[:, ::-1], axis=-1)
+    return jnp.minimum(idx, last).astype(jnp.int32)
+
+
+def _log_correction(measure, counts, a):
+    """``log`` of the labelled partition law over the ``C``-slot symmetric ``Dir(a)``
+    mixture's law of the same labels, up to a constant (§7): the Metropolis-Hastings
+    ratio of the label step is its difference."""
+    C = counts.shape[-1]
+    c = counts.astype(jnp.result_type(float))
+    k = jnp.sum(counts > 0)
+    labelled = measure.log_eppf(counts) + gammaln(C - k + 1.0)
+    finite = jnp.sum(gammaln(c + a) - gammaln(a))
+    return labelled - finite
+
+
+def _psum(x, axis_name):
+    return x if axis_name is None else lax.psum(x, axis_name)
+
+
+def _segment_stats(family, X, ids, num, axis_name):
+    """Family statistics and counts summed by ``ids`` (out-of-range ids are left out)."""
+    ones = jnp.ones(ids.shape, jnp.int32)
+    counts = jax.ops.segment_sum(ones, ids, num_segments=num)
+    stats = family.stats_from_labels(X, ids, num)
+    return _psum((counts, stats), axis_name)
+
+
+def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
+              num_launch_sweeps: int, axis_name=None):
+    """One iteration on (a shard of) the points; module docstring and §7.
+
+    :param key: the iteration's key (replicated over shards).
+    :param noise: this shard's rows of :func:`point_noise`.
+    :param X: ``(n_local, D)`` points; ``valid`` ``(n_local,)`` marks real rows (padding is
+        ``False`` and never enters a sum).
+    :param labels: ``(n_local,)`` slots, ``0 <= labels < capacity``.
+    :param axis_name: the mesh axis the points are sharded over (``None``: one device).
+    :returns: ``(labels, counts, stats, SubClusterState, SubClusterInfo)``; ``counts`` and
+        ``stats`` are the global per-slot sums of the new labels.
+    """
+    C, T = int(capacity), int(num_launch_sweeps)
+    P = C // 2
+    labels = labels.astype(jnp.int32)
+    dtype = jnp.result_type(X.dtype, float)
+    k_w, k_theta, k_lab, k_match, k_orient, k_accept, k_launch = jax.random.split(key, 7)
+
+    def masked(ids):
+        return jnp.where(valid, ids, C)
+
+    counts, stats = _segment_stats(family, X, masked(labels), C, axis_name)
+
+    # 1. labels: weights over every slot, parameters, then every label at once (§7): the
+    #    blocked Gibbs step of a C-slot symmetric Dirichlet mixture, corrected to the
+    #    measure's partition law by Metropolis-Hastings (clusters may empty or open)
+    a = 1.0 / C
+    log_g = jax.random.loggamma(k_w, (counts + a).astype(dtype), dtype=dtype)
+    log_w = log_g - jax.nn.logsumexp(log_g)
+    params = family.sample_params(k_theta, stats)
+    logits = family.log_likelihood(X, params) + log_w
+    proposal = _categorical_from_uniform(logits, noise[:, 0])
+    counts_p, stats_p = _segment_stats(family, X, masked(proposal), C, axis_name)
+    log_r_labels = _log_correction(measure, counts_p, a) - _log_correction(measure, counts, a)
+    labels_ok = jnp.log(jax.random.uniform(k_lab, (), dtype)) < log_r_labels
+    labels = jnp.where(labels_ok, proposal, labels)
+    counts = jnp.where(labels_ok, counts_p, counts)
+    stats = jax.tree.map(lambda x, y: jnp.where(labels_ok, x, y), stats_p, stats)
+    active = counts > 0
+    num_active = jnp.sum(active)
+
+    # 2. split/merge: a random matching of the slots, one launch per pair
+    perm = jax.random.permutation(k_match, C)
+    a_slot, b_slot = perm[0:2 * P:2], perm[1:2 * P:2]
+    pair = jnp.full((C,), -1, jnp.int32).at[perm[:2 * P]].set(jnp.arange(2 * P, dtype=jnp.int32) // 2)
+    pid = pair[labels]
+    in_pair = valid & (pid >= 0)
+    pid0 = jnp.maximum(pid, 0)
+    cols = jnp.stack([2 * pid0, 2 * pid0 + 1], axis=-1)
+
+    def launch_params(k, h):
+        """Sub-cluster weights and parameters given sub-labels ``h``, and every point's
+        log-probabilities of its two sub-clusters."""
+        k_sw, k_sp = jax.random.split(k)
+        sub_counts, sub_stats = _segment_stats(family, X, jnp.where(in_pair, 2 * pid0 + h, C), C, axis_name)
+        lg = jax.random.loggamma(k_sw, (sub_counts + 1).astype(dtype), dtype=dtype)
+        lg = lg.reshape(-1, 2) if C % 2 == 0 else jnp.concatenate([lg, jnp.zeros(1, dtype)]).reshape(-1, 2)
+        sub_lw = (lg - jax.nn.logsumexp(lg, axis=-1, keepdims=True)).reshape(-1)[:C]
+        sub_params = family.sample_params(k_sp, sub_stats)
+        ll = family.log_likelihood(X, sub_params) + sub_lw
+        lp = jax.nn.log_softmax(jnp.take_along_axis(ll, cols, axis=-1), axis=-1)
+        return sub_lw, sub_params, lp
+
+    def draw(lp, u):
+        return (u < jnp.exp(lp[:, 1])).astype(jnp.int32)
+
+    launch_keys = jax.random.split(k_launch, T + 1)
+    h = (noise[:, 1] < 0.5).astype(jnp.int32)
+
+    def sweep(t, h):
+        _, _, lp = launch_params(launch_keys[t], h)
+        return draw(lp, lax.dynamic_index_in_dim(noise, 2 + t, axis=1, keepdims=False))
+
+    h = lax.fori_loop(0, T, sweep, h)
+    sub_lw, sub_params, lp = launch_params(launch_keys[T], h)
+    zbar = draw(lp, noise[:, T + 2])
+
+    act_a, act_b = active[a_slot], active[b_slot]
+    split_pair = act_a != act_b
+    merge_pair = act_a & act_b
+    side = jnp.where(split_pair[pid0], zbar, (labels != a_slot[pid0]).astype(jnp.int32))
+    lp_side = jnp.take_along_axis(lp, side[:, None], axis=-1)[:, 0]
+    lp_other = jnp.take_along_axis(lp, 1 - side[:, None], axis=-1)[:, 0]
+    seg = jnp.where(in_pair, pid0, P)
+    t1, t2 = _psum((
+        jax.ops.segment_sum(jnp.where(in_pair, lp_side, 0.0), seg, num_segments=P),
+        jax.ops.segment_sum(jnp.where(in_pair, lp_other, 0.0), seg, num_segments=P),
+    ), axis_name)
+    log_q = jnp.logaddexp(t1, t2)
+    part_counts, part_stats = _segment_stats(family, X, jnp.where(in_pair, 2 * pid0 + side, C), 2 * P,
+                                             axis_name)
+    log_part = jnp.where(part_counts > 0, family.log_marginal(part_stats), 0.0).reshape(P, 2)
+    union_stats = jax.tree.map(lambda s: s.reshape((P, 2) + s.shape[1:]).sum(1), part_stats)
+    log_union = family.log_marginal(union_stats)
+    part_counts = part_counts.reshape(P, 2)
+    orient = jax.random.bernoulli(k_orient, 0.5, (P,))
+    log_u = jnp.log(jax.random.uniform(k_accept, (P,), dtype))
+
+    def decide(carry, inp):
+        c, k = carry
+        a, b, is_split, is_merge, n0, n1, lp0, lp1, lpu, lq, o, lu = inp
+        l_slot, r_slot = jnp.where(o, b, a), jnp.where(o, a, b)
+        c_split = c.at[l_slot].set(n0).at[r_slot].set(n1)
+        c_merge = c.at[a].set(0).at[b].set(0).at[l_slot].set(n0 + n1)
+        eppf = measure.log_eppf(c)
+        r_split = (measure.log_eppf(c_split) - eppf + lp0 + lp1 - lpu
+                   - jnp.log(jnp.maximum(C - k, 1).astype(dtype)) - lq)
+        r_merge = (measure.log_eppf(c_merge) - eppf + lpu - lp0 - lp1
+                   + jnp.log((C - k + 1).astype(dtype)) + lq)
+        proposed = (is_split & (n0 > 0) & (n1 > 0)) | is_merge
+        log_r = jnp.where(is_split, r_split, r_merge)
+        acc = proposed & (lu < log_r)
+        c = jnp.where(acc, jnp.where(is_split, c_split, c_merge), c)
+        k = k + jnp.where(acc, jnp.where(is_split, 1, -1), 0)
+        return (c, k), (acc, proposed, jnp.where(proposed, jnp.minimum(log_r, 0.0), 0.0), l_slot, r_slot)
+
+    inputs = (a_slot, b_slot, split_pair, merge_pair, part_counts[:, 0], part_counts[:, 1],
+              log_part[:, 0], log_part[:, 1], log_union, log_q, orient, log_u)
+    (counts_new, _), (acc, proposed, log_acc, l_slot, r_slot) = lax.scan(
+        decide, (counts, num_active.astype(jnp.int32)), inputs)
+    acc_split, acc_merge = acc & split_pair, acc & merge_pair
+    new_slot = jnp.where(
+        acc_split[pid0], jnp.where(side == 0, l_slot[pid0], r_slot[pid0]),
+        jnp.where(acc_merge[pid0], l_slot[pid0], labels))
+    labels = jnp.where(in_pair, new_slot, labels)
+    counts, stats = _segment_stats(family, X, masked(labels), C, axis_name)
+
+    info = SubClusterInfo(
+        MHInfo(jnp.sum(acc).astype(jnp.int32), jnp.sum(proposed).astype(jnp.int32),
+               jnp.sum(log_acc).astype(jnp.float32), jnp.sum(proposed).astype(jnp.int32)),
+        labels_ok, jnp.sum(acc_split).astype(jnp.int32), jnp.sum(acc_merge).astype(jnp.int32),
+    )
+    state = SubClusterState(log_w, params, zbar, sub_lw, sub_params, pair)
+    return labels, counts, stats, state, info
+
+
+def step(key, labels, X, measure, family, capacity: int, num_launch_sweeps: int = 3):
+    """One iteration on one device: ``(labels, SubClusterState, SubClusterInfo)``.
+
+    ``key`` is split into the per-point noise key and the iteration's key, as in
+    :func:`subcluster_move`."""
+    X = jnp.asarray(X)
+    k_noise, k_iter = jax.random.split(key)
+    noise = point_noise(k_noise, X.shape[0], num_launch_sweeps, jnp.result_type(X.dtype, float))
+    valid = jnp.ones(X.shape[0], bool)
+    labels, _, _, state, info = iteration(k_iter, noise, X, valid, labels, measure, family,
+                                          capacity, num_launch_sweeps)
+    return labels, state, info
+
+
+def sharded_iteration(mesh, axis_name: str | None = None):
+    """:func:`iteration` with the points sharded over ``mesh`` (``jax.shard_map``; every sum
+    over points is a local sum then ``lax.psum``): a function with :func:`iteration`'s
+    signature (``axis_name`` aside) and outputs, for the whole data set.
+
+    ``n`` need not be a multiple of the number of devices (padded rows are masked). The
+    per-point uniforms are drawn for the whole data set and sliced, so the chain is the
+    one of :func:`iteration` for the same key, up to the summation order of the
+    statistics (``tests/test_subcluster.py`` checks equal draws on 8 host devices)."""
+    from jax.sharding import PartitionSpec as Ps
+
+    axis = axis_name or mesh.axis_names[0]
+    num_shards = mesh.shape[axis]
+
+    def fn(key, noise, X, valid, labels, measure, family, capacity: int, num_launch_sweeps: int):
+        n = X.shape[0]
+        pad = (-n) % num_shards
+
+        def padded(a):
+            return jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+
+        def body(key, noise, X, valid, labels, measure, family):
+            return iteration(key, noise, X, valid, labels, measure, family, capacity,
+                             num_launch_sweeps, axis_name=axis)
+
+        pts, rep = Ps(axis), Ps()
+        state_specs = SubClusterState(rep, rep, pts, rep, rep, rep)
+        labels, counts, stats, state, info = jax.shard_map(
+            body, mesh=mesh,
+            in_specs=(rep, pts, pts, pts, pts, rep, rep),
+            out_specs=(pts, rep, rep, state_specs, rep),
+            check_vma=False,
+        )(key, padded(noise), padded(X), padded(valid), padded(labels.astype(jnp.int32)), measure, family)
+        return labels[:n], counts, stats, state._replace(sub_labels=state.sub_labels[:n]), info
+
+    return fn
+
+
+def subcluster_move(num_launch_sweeps: int = 3, mesh=None) -> Move:
+    """The iteration as a :class:`~jaxbnp.inference.partition.moves.Move` (state:
+    :class:`SubClusterState`; info: :class:`SubClusterInfo`, whose ``mh`` field the kernels
+    report). DP and PitmanYor only (:func:`check_measure`). With ``mesh`` the points are
+    sharded over the mesh's first axis (:func:`sharded_iteration`): the same chain."""
+    T = check_int("num_launch_sweeps", num_launch_sweeps, 0)
+    run_iteration = iteration if mesh is None else sharded_iteration(mesh)
+
+    def run(key, state, ctx):
+        clusters = state.clusters
+        X = jnp.asarray(ctx.X)
+        n, C = X.shape[0], clusters.capacity
+        k_noise, k_iter = jax.random.split(key)
+        noise = point_noise(k_noise, n, T, jnp.result_type(X.dtype, float))
+        labels, counts, stats, move_state, info = run_iteration(
+            k_iter, noise, X, jnp.ones(n, bool), clusters.labels, ctx.measure, ctx.family, C, T)
+        # every slot in use: the chain could not split any more, so the capacity must grow
+        full = (jnp.sum(counts > 0) >= C) & (C < n)
+        new = ClusterState(labels, counts, stats, clusters.overflow | full)
+        return PartitionState(new, state.u), move_state, info
+
+    def init_fn(state, ctx):
+        shapes = jax.eval_shape(lambda k: run(k, state, ctx)[1], jax.random.key(0))
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def step_fn(key, state, move_state, ctx):
+        return run(key, state, ctx)
+
+    return Move(init_fn, step_fn)
