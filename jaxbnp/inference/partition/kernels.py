@@ -621,6 +621,11 @@ class SubClusterMCMC(PartitionKernel):
     :param num_launch_sweeps: restricted Gibbs sweeps that fit the sub-clusters of each
         pair before a split or merge is proposed (``>= 0``; more sweeps, better-aimed
         splits, a longer iteration).
+    :param sharpness: the power ``β`` of the sub-clusters' membership probabilities in the
+        split proposal (docs/mathematics.md §7): ``β = 1`` proposes splits from the
+        sub-cluster fit itself; the default 10 proposes crisp splits, which are accepted
+        when the data support them and leave fewer spurious halves to merge. Every
+        ``β > 0`` is exact.
     :param capacity: cluster slots; ``None`` means ``min(n, 64)``. When every slot is in
         use the chain cannot split any more: ``CapacityError`` (or, under
         :func:`jaxbnp.inference.runner.run` and the estimators, a restart with twice the
@@ -644,6 +649,7 @@ class SubClusterMCMC(PartitionKernel):
         model: Callable,
         *,
         num_launch_sweeps: int = 3,
+        sharpness: float = subcluster.DEFAULT_SHARPNESS,
         capacity: int | None = None,
         init_strategy: str = "one",
         update_hyperparameters: bool = False,
@@ -652,7 +658,8 @@ class SubClusterMCMC(PartitionKernel):
     ):
         num_launch_sweeps = check_int("num_launch_sweeps", num_launch_sweeps)
         super().__init__(
-            model, subcluster.subcluster_move(num_launch_sweeps, mesh=mesh), capacity=capacity,
+            model, subcluster.subcluster_move(num_launch_sweeps, mesh=mesh, sharpness=sharpness),
+            capacity=capacity,
             init_strategy=init_strategy, update_hyperparameters=update_hyperparameters,
             chain_batching=chain_batching,
         )

@@ -65,7 +65,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import gammaln
 
-from ..._validation import check_int
+from ..._validation import check_int, check_real
 from .clusters import ClusterState, PartitionState
 from .moves import Context, MHInfo, Move
 
@@ -79,6 +79,10 @@ __all__ = [
     "subcluster_move",
     "check_measure",
 ]
+
+
+#: default power of the launch's probabilities in the split proposal (§7)
+DEFAULT_SHARPNESS = 10.0
 
 
 class SubClusterState(NamedTuple):
@@ -177,7 +181,7 @@ def _segment_stats(family, X, ids, num, axis_name):
 
 
 def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
-              num_launch_sweeps: int, axis_name=None):
+              num_launch_sweeps: int, sharpness: float = DEFAULT_SHARPNESS, axis_name=None):
     """One iteration on (a shard of) the points; module docstring and §7.
 
     :param key: the iteration's key (replicated over shards).
@@ -185,6 +189,9 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     :param X: ``(n_local, D)`` points; ``valid`` ``(n_local,)`` marks real rows (padding is
         ``False`` and never enters a sum).
     :param labels: ``(n_local,)`` slots, ``0 <= labels < capacity``.
+    :param sharpness: the power ``β`` of the launch's sub-cluster probabilities in the split
+        proposal, ``q(z̄_i) ∝ p(z̄_i | L, x_i)^β`` (§7; ``β = 1``: the launch's own law; larger,
+        crisper splits; any ``β > 0`` is exact).
     :param axis_name: the mesh axis the points are sharded over (``None``: one device).
     :returns: ``(labels, counts, stats, SubClusterState, SubClusterInfo)``; ``counts`` and
         ``stats`` are the global per-slot sums of the new labels.
@@ -243,8 +250,22 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     def draw(lp, u):
         return (u < jnp.exp(lp[:, 1])).astype(jnp.int32)
 
-    launch_keys = jax.random.split(k_launch, T + 1)
-    h = (noise[:, 1] < 0.5).astype(jnp.int32)
+    launch_keys = jax.random.split(k_launch, T + 2)
+    # the launch starts from two anchors of each pair's union: its points of smallest and
+    # largest uniform (a law that depends on the union only); each point goes to the
+    # sub-cluster whose parameters, drawn given its anchor alone, explain it better
+    u_anchor = jnp.where(in_pair, noise[:, 1], jnp.nan)
+    seg_anchor = jnp.where(in_pair, pid0, P)
+    lo = jax.ops.segment_min(jnp.where(in_pair, u_anchor, 2.0), seg_anchor, num_segments=P)
+    hi = jax.ops.segment_max(jnp.where(in_pair, u_anchor, -1.0), seg_anchor, num_segments=P)
+    if axis_name is not None:
+        lo, hi = lax.pmin(lo, axis_name), lax.pmax(hi, axis_name)
+    anchor = jnp.where(in_pair & (noise[:, 1] == lo[pid0]), 0,
+                       jnp.where(in_pair & (noise[:, 1] == hi[pid0]), 1, -1))
+    _, anchor_stats = _segment_stats(family, X, jnp.where(anchor >= 0, 2 * pid0 + anchor, C), C, axis_name)
+    anchor_params = family.sample_params(launch_keys[T + 1], anchor_stats)
+    ll0 = jnp.take_along_axis(family.log_likelihood(X, anchor_params), cols, axis=-1)
+    h = jnp.where(anchor >= 0, anchor, jnp.argmax(ll0, axis=-1)).astype(jnp.int32)
 
     def sweep(t, h):
         _, _, lp = launch_params(launch_keys[t], h)
@@ -252,6 +273,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
 
     h = lax.fori_loop(0, T, sweep, h)
     sub_lw, sub_params, lp = launch_params(launch_keys[T], h)
+    lp = jax.nn.log_softmax(sharpness * lp, axis=-1)
     zbar = draw(lp, noise[:, T + 2])
 
     act_a, act_b = active[a_slot], active[b_slot]
@@ -313,7 +335,8 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     return labels, counts, stats, state, info
 
 
-def step(key, labels, X, measure, family, capacity: int, num_launch_sweeps: int = 3):
+def step(key, labels, X, measure, family, capacity: int, num_launch_sweeps: int = 3,
+         sharpness: float = DEFAULT_SHARPNESS):
     """One iteration on one device: ``(labels, SubClusterState, SubClusterInfo)``.
 
     ``key`` is split into the per-point noise key and the iteration's key, as in
@@ -323,7 +346,7 @@ def step(key, labels, X, measure, family, capacity: int, num_launch_sweeps: int 
     noise = point_noise(k_noise, X.shape[0], num_launch_sweeps, jnp.result_type(X.dtype, float))
     valid = jnp.ones(X.shape[0], bool)
     labels, _, _, state, info = iteration(k_iter, noise, X, valid, labels, measure, family,
-                                          capacity, num_launch_sweeps)
+                                          capacity, num_launch_sweeps, sharpness)
     return labels, state, info
 
 
@@ -341,7 +364,8 @@ def sharded_iteration(mesh, axis_name: str | None = None):
     axis = axis_name or mesh.axis_names[0]
     num_shards = mesh.shape[axis]
 
-    def fn(key, noise, X, valid, labels, measure, family, capacity: int, num_launch_sweeps: int):
+    def fn(key, noise, X, valid, labels, measure, family, capacity: int, num_launch_sweeps: int,
+           sharpness: float = DEFAULT_SHARPNESS):
         n = X.shape[0]
         pad = (-n) % num_shards
 
@@ -350,7 +374,7 @@ def sharded_iteration(mesh, axis_name: str | None = None):
 
         def body(key, noise, X, valid, labels, measure, family):
             return iteration(key, noise, X, valid, labels, measure, family, capacity,
-                             num_launch_sweeps, axis_name=axis)
+                             num_launch_sweeps, sharpness, axis_name=axis)
 
         pts, rep = Ps(axis), Ps()
         state_specs = SubClusterState(rep, rep, pts, rep, rep, rep)
@@ -365,12 +389,15 @@ def sharded_iteration(mesh, axis_name: str | None = None):
     return fn
 
 
-def subcluster_move(num_launch_sweeps: int = 3, mesh=None) -> Move:
+def subcluster_move(num_launch_sweeps: int = 3, mesh=None, sharpness: float = DEFAULT_SHARPNESS) -> Move:
     """The iteration as a :class:`~jaxbnp.inference.partition.moves.Move` (state:
     :class:`SubClusterState`; info: :class:`SubClusterInfo`, whose ``mh`` field the kernels
     report). DP and PitmanYor only (:func:`check_measure`). With ``mesh`` the points are
     sharded over the mesh's first axis (:func:`sharded_iteration`): the same chain."""
     T = check_int("num_launch_sweeps", num_launch_sweeps, 0)
+    sharpness = check_real("sharpness", sharpness, 0.0)
+    if sharpness == 0.0:
+        raise ValueError("sharpness must be > 0 (0 would propose every split alike), got 0.")
     run_iteration = iteration if mesh is None else sharded_iteration(mesh)
 
     def run(key, state, ctx):
@@ -380,7 +407,8 @@ def subcluster_move(num_launch_sweeps: int = 3, mesh=None) -> Move:
         k_noise, k_iter = jax.random.split(key)
         noise = point_noise(k_noise, n, T, jnp.result_type(X.dtype, float))
         labels, counts, stats, move_state, info = run_iteration(
-            k_iter, noise, X, jnp.ones(n, bool), clusters.labels, ctx.measure, ctx.family, C, T)
+            k_iter, noise, X, jnp.ones(n, bool), clusters.labels, ctx.measure, ctx.family, C, T,
+            sharpness)
         # every slot in use: the chain could not split any more, so the capacity must grow
         full = (jnp.sum(counts > 0) >= C) & (C < n)
         new = ClusterState(labels, counts, stats, clusters.overflow | full)
