@@ -5,21 +5,20 @@ One iteration is two data-parallel passes over the points, each scored as one
 ``(n, capacity)`` matrix of instantiated log-likelihoods
 (``family.log_likelihood``, a matrix product for the Gaussian families):
 
-1. **Restricted Gibbs.** Given the partition, draw the weights of the occupied
-   clusters (``Dir(N_k, α)`` for ``DP``, ``Dir(N_k − d, α + K d)`` for
-   ``PitmanYor``: the Dirichlet shapes are the measure's Gibbs weights) and each
-   cluster's parameters from its conjugate posterior (``family.sample_params``);
-   then propose every label independently, ``z_i ∝ π_k f(x_i | θ_k)`` over the
-   occupied clusters. The proposal is accepted when no cluster is left empty
-   (an independence Metropolis-Hastings step whose ratio is exactly that
-   indicator: §7), so the number of clusters does not change here.
+1. **Labels.** Draw weights for all ``capacity`` slots from ``Dir(N_k + 1/C)`` and each
+   slot's parameters from its conjugate posterior (the prior for an empty slot;
+   ``family.sample_params``), then propose every label independently,
+   ``z_i ∝ w_k f(x_i | θ_k)``: the blocked Gibbs step of a ``C``-slot symmetric
+   Dirichlet mixture. Metropolis-Hastings corrects it to the measure's partition law
+   with a ratio of counts only (§7), so clusters can close and open here.
 2. **Split/merge by sub-clusters.** The ``capacity`` slots are paired by a
    uniformly random matching (independent of the state). Every pair's points
    (the union ``U`` of its two slots) are fitted by a two-component sub-cluster
-   mixture: random sub-labels, then ``num_launch_sweeps`` restricted Gibbs sweeps
+   mixture: sub-labels from two random anchors, then ``num_launch_sweeps`` restricted Gibbs sweeps
    of sub-cluster weights, parameters and sub-labels, all pairs at once. The
    sub-cluster parameters after the last sweep, ``L``, define the proposal
-   ``q(z̄ | L) = Π_i p(z̄_i | L, x_i)``. A pair with one occupied slot proposes to
+   ``q(z̄ | L) = Π_i p(z̄_i | L, x_i)`` (each probability raised to the power
+   ``sharpness`` and renormalised). A pair with one occupied slot proposes to
    split it by a fresh draw of ``z̄``; a pair with two occupied slots proposes to
    merge them. Each proposal is accepted by Metropolis-Hastings with the ratio
    of §7, which includes ``q`` (the paper's ratio leaves it out) and the
@@ -88,8 +87,8 @@ DEFAULT_SHARPNESS = 10.0
 class SubClusterState(NamedTuple):
     """The instantiated variables of the last iteration (inspection only, §7).
 
-    log_weights: ``(capacity,)`` log weights ``log π_k`` of the occupied slots drawn in the
-        restricted Gibbs step, normalised over the occupied slots; ``-inf`` elsewhere.
+    log_weights: ``(capacity,)`` log weights of every slot drawn in the label step
+        (``Dir(N_k + 1/C)``).
     params: the clusters' parameters drawn in that step (family component, leading axis
         ``capacity``).
     sub_labels: ``(n,)`` int32 sub-label (0 or 1) of every point in its pair's last launch
@@ -113,7 +112,7 @@ class SubClusterInfo(NamedTuple):
 
     mh: :class:`~jaxbnp.inference.partition.moves.MHInfo` of the split and merge proposals
         (pairs whose proposal changes the partition).
-    labels_accepted: whether the restricted Gibbs label proposal was kept (no cluster emptied).
+    labels_accepted: whether the label step's proposal was kept (§7).
     num_splits, num_merges: accepted splits and merges.
     """
 
