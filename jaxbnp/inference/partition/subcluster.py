@@ -48,11 +48,12 @@ Example
 >>> X = jnp.concatenate([jnp.zeros((20, 1)) - 3.0, jnp.zeros((20, 1)) + 3.0])
 >>> X = X + 0.3 * jax.random.normal(jax.random.key(0), X.shape)
 >>> labels = jnp.zeros(40, jnp.int32)
->>> for t in range(5):
-...     labels, _, _ = subcluster.step(jax.random.key(t), labels, X, bnp.DP(1.0),
-...                                    bnp.NormalGamma(), capacity=4)
->>> int(jnp.unique(labels).size)
-2
+>>> step = jax.jit(lambda key, labels: subcluster.step(key, labels, X, bnp.DP(1.0),
+...                                                    bnp.NormalGamma(), capacity=4)[0])
+>>> for t in range(20):
+...     labels = step(jax.random.key(t), labels)
+>>> set(labels[:20].tolist()) & set(labels[20:].tolist())   # the two groups share no cluster
+set()
 """
 
 from __future__ import annotations
