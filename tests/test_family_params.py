@@ -268,3 +268,16 @@ def test_batch_shapes(family, X):
     assert all(leaf.shape[:2] == (2, K) for leaf in jax.tree.leaves(params2))
     first = jax.tree.leaves(params2)[0]
     assert not np.allclose(np.asarray(first[0]), np.asarray(first[1]))
+
+
+@pytest.mark.parametrize("family", [bnp.NormalGamma(m0=0.5, k0=0.3, a0=2.0, b0=1.5)], ids=["NormalGamma"])
+def test_log_likelihood_at_equals_the_columns_of_log_likelihood(family):
+    """A family's gathered per-point components (``log_likelihood_at``) give the matching
+    columns of the full ``(n, K)`` matrix (docs/mathematics.md §2)."""
+    X = jnp.asarray(np.random.default_rng(4).normal(size=(9, 3)))
+    stats = family.stats_from_labels(X, jnp.arange(9) % 5, 5)
+    params = family.sample_params(jax.random.key(2), stats)
+    index = jnp.asarray(np.random.default_rng(5).integers(0, 5, (9, 2)))
+    full = np.take_along_axis(np.asarray(family.log_likelihood(X, params)), np.asarray(index), -1)
+    np.testing.assert_allclose(np.asarray(family.log_likelihood_at(X, params, index)), full,
+                               rtol=1e-5, atol=1e-5)

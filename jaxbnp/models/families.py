@@ -220,6 +220,13 @@ class Family(ParameterPytree):
         "Instantiated parameters")."""
         raise NotImplementedError
 
+    def log_likelihood_at(self, X: jax.Array, params, index: jax.Array) -> jax.Array:
+        """``log p(x_i | θ_{index[i, j]})``, shape ``(n, m)``: each point against its own
+        ``m`` components (e.g. the two sub-clusters of its cluster). The default takes the
+        columns of :meth:`log_likelihood`; families whose per-pair cost is small gather the
+        parameters instead (docs/mathematics.md §2, "Instantiated parameters")."""
+        return jnp.take_along_axis(self.log_likelihood(X, params), index, axis=-1)
+
     def validate_data(self, X: np.ndarray) -> None:
         """Raise ``ValueError`` if ``X`` cannot be modelled by this family."""
 
@@ -346,6 +353,15 @@ class NormalGamma(Family):
         const = 0.5 * jnp.sum(jnp.log(lam), -1) - 0.5 * jnp.sum(lam * mu * mu, -1) - 0.5 * d * _LOG_2PI
         quad = (X * X) @ lam.T - 2.0 * (X @ (lam * mu).T)
         return const - 0.5 * quad
+
+    def log_likelihood_at(self, X, params, index):
+        """:meth:`Family.log_likelihood_at` by gathering each point's components:
+        ``O(n m D)`` work instead of ``O(n K D)``."""
+        X = jnp.asarray(X)
+        mu, lam = params.mean[index], params.precision[index]  # (n, m, D)
+        diff = X[:, None, :] - mu
+        d = X.shape[-1]
+        return 0.5 * jnp.sum(jnp.log(lam) - lam * diff * diff, -1) - 0.5 * d * _LOG_2PI
 
     def validate_data(self, X):
         m0 = concrete_value(self.m0)

@@ -172,11 +172,12 @@ def _psum(x, axis_name):
     return x if axis_name is None else lax.psum(x, axis_name)
 
 
-def _segment_stats(family, X, ids, num, axis_name):
-    """Family statistics and counts summed by ``ids`` (out-of-range ids are left out)."""
+def _segment_stats(point_stats, ids, num, axis_name):
+    """Counts and family statistics (``point_stats``: one pytree row per point) summed by
+    ``ids``; out-of-range ids are left out."""
     ones = jnp.ones(ids.shape, jnp.int32)
     counts = jax.ops.segment_sum(ones, ids, num_segments=num)
-    stats = family.stats_from_labels(X, ids, num)
+    stats = jax.tree.map(lambda s: jax.ops.segment_sum(s, ids, num_segments=num), point_stats)
     return _psum((counts, stats), axis_name)
 
 
@@ -205,7 +206,9 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     def masked(ids):
         return jnp.where(valid, ids, C)
 
-    counts, stats = _segment_stats(family, X, masked(labels), C, axis_name)
+    ps = family.point_stats(X)
+
+    counts, stats = _segment_stats(ps, masked(labels), C, axis_name)
 
     # 1. labels: weights over every slot, parameters, then every label at once (§7): the
     #    blocked Gibbs step of a C-slot symmetric Dirichlet mixture, corrected to the
@@ -216,7 +219,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     params = family.sample_params(k_theta, stats)
     logits = family.log_likelihood(X, params) + log_w
     proposal = _categorical_from_uniform(logits, noise[:, 0])
-    counts_p, stats_p = _segment_stats(family, X, masked(proposal), C, axis_name)
+    counts_p, stats_p = _segment_stats(ps, masked(proposal), C, axis_name)
     log_r_labels = _log_correction(measure, counts_p, a) - _log_correction(measure, counts, a)
     labels_ok = jnp.log(jax.random.uniform(k_lab, (), dtype)) < log_r_labels
     labels = jnp.where(labels_ok, proposal, labels)
@@ -238,13 +241,13 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         """Sub-cluster weights and parameters given sub-labels ``h``, and every point's
         log-probabilities of its two sub-clusters."""
         k_sw, k_sp = jax.random.split(k)
-        sub_counts, sub_stats = _segment_stats(family, X, jnp.where(in_pair, 2 * pid0 + h, C), C, axis_name)
+        sub_counts, sub_stats = _segment_stats(ps, jnp.where(in_pair, 2 * pid0 + h, C), C, axis_name)
         lg = jax.random.loggamma(k_sw, (sub_counts + 1).astype(dtype), dtype=dtype)
         lg = lg.reshape(-1, 2) if C % 2 == 0 else jnp.concatenate([lg, jnp.zeros(1, dtype)]).reshape(-1, 2)
         sub_lw = (lg - jax.nn.logsumexp(lg, axis=-1, keepdims=True)).reshape(-1)[:C]
         sub_params = family.sample_params(k_sp, sub_stats)
-        ll = family.log_likelihood(X, sub_params) + sub_lw
-        lp = jax.nn.log_softmax(jnp.take_along_axis(ll, cols, axis=-1), axis=-1)
+        ll = family.log_likelihood_at(X, sub_params, cols) + sub_lw[cols]
+        lp = jax.nn.log_softmax(ll, axis=-1)
         return sub_lw, sub_params, lp
 
     def draw(lp, u):
@@ -262,9 +265,9 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         lo, hi = lax.pmin(lo, axis_name), lax.pmax(hi, axis_name)
     anchor = jnp.where(in_pair & (noise[:, 1] == lo[pid0]), 0,
                        jnp.where(in_pair & (noise[:, 1] == hi[pid0]), 1, -1))
-    _, anchor_stats = _segment_stats(family, X, jnp.where(anchor >= 0, 2 * pid0 + anchor, C), C, axis_name)
+    _, anchor_stats = _segment_stats(ps, jnp.where(anchor >= 0, 2 * pid0 + anchor, C), C, axis_name)
     anchor_params = family.sample_params(launch_keys[T + 1], anchor_stats)
-    ll0 = jnp.take_along_axis(family.log_likelihood(X, anchor_params), cols, axis=-1)
+    ll0 = family.log_likelihood_at(X, anchor_params, cols)
     h = jnp.where(anchor >= 0, anchor, jnp.argmax(ll0, axis=-1)).astype(jnp.int32)
 
     def sweep(t, h):
@@ -288,7 +291,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         jax.ops.segment_sum(jnp.where(in_pair, lp_other, 0.0), seg, num_segments=P),
     ), axis_name)
     log_q = jnp.logaddexp(t1, t2)
-    part_counts, part_stats = _segment_stats(family, X, jnp.where(in_pair, 2 * pid0 + side, C), 2 * P,
+    part_counts, part_stats = _segment_stats(ps, jnp.where(in_pair, 2 * pid0 + side, C), 2 * P,
                                              axis_name)
     log_part = jnp.where(part_counts > 0, family.log_marginal(part_stats), 0.0).reshape(P, 2)
     union_stats = jax.tree.map(lambda s: s.reshape((P, 2) + s.shape[1:]).sum(1), part_stats)
@@ -324,7 +327,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         acc_split[pid0], jnp.where(side == 0, l_slot[pid0], r_slot[pid0]),
         jnp.where(acc_merge[pid0], l_slot[pid0], labels))
     labels = jnp.where(in_pair, new_slot, labels)
-    counts, stats = _segment_stats(family, X, masked(labels), C, axis_name)
+    counts, stats = _segment_stats(ps, masked(labels), C, axis_name)
 
     info = SubClusterInfo(
         MHInfo(jnp.sum(acc).astype(jnp.int32), jnp.sum(proposed).astype(jnp.int32),
