@@ -5,7 +5,7 @@ One iteration is two data-parallel passes over the points, each scored as one
 ``(n, capacity)`` matrix of instantiated log-likelihoods
 (``family.log_likelihood``, a matrix product for the Gaussian families):
 
-1. **Labels.** Draw weights for all ``capacity`` slots from ``Dir(N_k + 1/C)`` and each
+1. **Labels.** Draw weights for all ``capacity`` slots from ``Dir(N_k + α/C)`` and each
    slot's parameters from its conjugate posterior (the prior for an empty slot;
    ``family.sample_params``), then propose every label independently,
    ``z_i ∝ w_k f(x_i | θ_k)``: the blocked Gibbs step of a ``C``-slot symmetric
@@ -81,6 +81,8 @@ __all__ = [
 ]
 
 
+#: random blocks of points whose label proposals are accepted one block at a time (§7)
+LABEL_BLOCKS = 32
 #: default power of the launch's probabilities in the split proposal (§7)
 DEFAULT_SHARPNESS = 10.0
 
@@ -89,7 +91,7 @@ class SubClusterState(NamedTuple):
     """The instantiated variables of the last iteration (inspection only, §7).
 
     log_weights: ``(capacity,)`` log weights of every slot drawn in the label step
-        (``Dir(N_k + 1/C)``).
+        (``Dir(N_k + a)``, §7).
     params: the clusters' parameters drawn in that step (family component, leading axis
         ``capacity``).
     sub_labels: ``(n,)`` int32 sub-label (0 or 1) of every point in its pair's last launch
@@ -113,7 +115,7 @@ class SubClusterInfo(NamedTuple):
 
     mh: :class:`~jaxbnp.inference.partition.moves.MHInfo` of the split and merge proposals
         (pairs whose proposal changes the partition).
-    labels_accepted: whether the label step's proposal was kept (§7).
+    labels_accepted: the fraction of the label step's blocks whose proposal was kept (§7).
     num_splits, num_merges: accepted splits and merges.
     """
 
@@ -135,12 +137,12 @@ def check_measure(measure, owner: str = "SubClusterMCMC") -> None:
 
 
 def point_noise(key: jax.Array, num_points: int, num_launch_sweeps: int, dtype=None) -> jax.Array:
-    """The per-point uniforms of one iteration, ``(num_points, num_launch_sweeps + 3)``:
-    column 0 the label proposal, 1 the launch's random sub-labels, ``2 .. T + 1`` the
-    launch sweeps, ``T + 2`` the split proposal. Drawn for the whole data set, so a
+    """The per-point uniforms of one iteration, ``(num_points, num_launch_sweeps + 4)``:
+    column 0 the label proposal, 1 the launch's anchors, ``2 .. T + 1`` the launch sweeps,
+    ``T + 2`` the split proposal, ``T + 3`` the label block. Drawn for the whole data set, so a
     sharded run slices the same numbers."""
     dtype = dtype or jnp.result_type(float)
-    return jax.random.uniform(key, (num_points, num_launch_sweeps + 3), dtype)
+    return jax.random.uniform(key, (num_points, num_launch_sweeps + 4), dtype)
 
 
 def _categorical_from_uniform(logits: jax.Array, u: jax.Array) -> jax.Array:
@@ -154,6 +156,16 @@ def _categorical_from_uniform(logits: jax.Array, u: jax.Array) -> jax.Array:
     possible = jnp.isfinite(logits)
     last = logits.shape[-1] - 1 - jnp.argmax(possible[:, ::-1], axis=-1)
     return jnp.minimum(idx, last).astype(jnp.int32)
+
+
+def _dirichlet_shape(measure, C: int, dtype):
+    """The symmetric Dirichlet shape ``a`` of the label step's finite mixture (§7): the
+    measure's new-cluster weight beside one cluster over ``C`` (``α/C`` for DP,
+    ``(α + d)/C`` for Pitman-Yor), so that the finite mixture opens and closes clusters at
+    about the measure's rate. Any ``a > 0`` is exact."""
+    one = jnp.zeros(C, jnp.int32).at[0].set(1)
+    _, log_new = measure.gibbs_log_weights(one)
+    return (jnp.exp(log_new) / C).astype(dtype)
 
 
 def _log_correction(measure, counts, a):
@@ -213,18 +225,33 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     # 1. labels: weights over every slot, parameters, then every label at once (§7): the
     #    blocked Gibbs step of a C-slot symmetric Dirichlet mixture, corrected to the
     #    measure's partition law by Metropolis-Hastings (clusters may empty or open)
-    a = 1.0 / C
+    a = _dirichlet_shape(measure, C, dtype)
     log_g = jax.random.loggamma(k_w, (counts + a).astype(dtype), dtype=dtype)
     log_w = log_g - jax.nn.logsumexp(log_g)
     params = family.sample_params(k_theta, stats)
     logits = family.log_likelihood(X, params) + log_w
     proposal = _categorical_from_uniform(logits, noise[:, 0])
-    counts_p, stats_p = _segment_stats(ps, masked(proposal), C, axis_name)
-    log_r_labels = _log_correction(measure, counts_p, a) - _log_correction(measure, counts, a)
-    labels_ok = jnp.log(jax.random.uniform(k_lab, (), dtype)) < log_r_labels
-    labels = jnp.where(labels_ok, proposal, labels)
-    counts = jnp.where(labels_ok, counts_p, counts)
-    stats = jax.tree.map(lambda x, y: jnp.where(labels_ok, x, y), stats_p, stats)
+    # the points fall in LABEL_BLOCKS random blocks; each block's proposal is accepted or
+    # not in turn (with w and θ held, each is a valid MH step): a cluster that the proposal
+    # would close then blocks one block, not every label
+    B = LABEL_BLOCKS
+    block = jnp.minimum((noise[:, T + 3] * B).astype(jnp.int32), B - 1)
+    ones = jnp.where(valid, 1, 0).astype(jnp.int32)
+    delta = _psum(
+        jax.ops.segment_sum(ones, block * C + proposal, num_segments=B * C)
+        - jax.ops.segment_sum(ones, block * C + labels, num_segments=B * C), axis_name).reshape(B, C)
+    log_u_blocks = jnp.log(jax.random.uniform(k_lab, (B,), dtype))
+
+    def block_step(c, inp):
+        d, lu = inp
+        c_new = c + d
+        ok = lu < _log_correction(measure, c_new, a) - _log_correction(measure, c, a)
+        return jnp.where(ok, c_new, c), ok
+
+    counts, block_ok = lax.scan(block_step, counts, (delta, log_u_blocks))
+    labels = jnp.where(block_ok[block], proposal, labels)
+    labels_ok = jnp.mean(block_ok.astype(dtype))
+    counts, stats = _segment_stats(ps, masked(labels), C, axis_name)
     active = counts > 0
     num_active = jnp.sum(active)
 
