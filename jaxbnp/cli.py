@@ -26,7 +26,7 @@ import numpy as np
 
 __all__ = ["main"]
 
-METHODS = ("splitmerge", "gibbs", "tgmcmc", "mapdp", "ddt", "bhmc")
+METHODS = ("splitmerge", "gibbs", "tgmcmc", "subcluster", "mapdp", "ddt", "bhmc")
 DEFAULT_METHOD = "splitmerge"
 
 #: each method's defaults for the options left unset (chosen so that every method runs on
@@ -35,6 +35,7 @@ METHOD_DEFAULTS = {
     "splitmerge": dict(chains=2, warmup=50, samples=100, capacity=32, split_merge_moves=5),
     "gibbs": dict(chains=2, warmup=100, samples=200, capacity=32),
     "tgmcmc": dict(chains=2, warmup=30, samples=70, capacity=32),
+    "subcluster": dict(chains=2, warmup=50, samples=100, capacity=32),
     "mapdp": dict(chains=1, family=None),
     "ddt": dict(chains=4, warmup=40, samples=60, max_points=100),
     "bhmc": dict(chains=2, warmup=40, samples=60, max_points=500),
@@ -118,7 +119,11 @@ KERNELS = {
     # the paper's G and D
     "tgmcmc": lambda args: {"num_global_moves": args.global_moves, "depth": args.depth,
                             "init": args.tgmcmc_init},
+    "subcluster": lambda args: {"num_launch_sweeps": args.launch_sweeps},
 }
+
+#: the methods that start from a k-means++ partition with ``--init kmeans`` (the default)
+KMEANS_START = ("gibbs", "splitmerge", "subcluster")
 
 #: what the command line keeps of a state: the labels and two traces (NumPyro's extra fields)
 EXTRA_FIELDS = ("log_joint", "num_clusters")
@@ -144,8 +149,8 @@ class Fit(NamedTuple):
 
 
 def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
-    """gibbs, splitmerge, tgmcmc: the method's kernel on :func:`~jaxbnp.models.mixture_model`,
-    sampled by :func:`jaxbnp.inference.runner.run` (capacity growth and checkpoints are its)."""
+    """gibbs, splitmerge, tgmcmc, subcluster: the method's kernel on
+    :func:`~jaxbnp.models.mixture_model`, sampled by :func:`jaxbnp.inference.runner.run` (capacity growth and checkpoints are its)."""
     import functools
 
     import jax
@@ -158,7 +163,7 @@ def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
     capacity = args.capacity
     init_params = None if args.resume else _initial_partition(args, X, family)
     if init_params is not None:  # room for the start's clusters and 12 free slots to split into
-        planned = (args.init_clusters if args.method in ("gibbs", "splitmerge")
+        planned = (args.init_clusters if args.method in KMEANS_START
                    else int(np.max(init_params["z"])) + 1)
         capacity = max(capacity, min(planned + 12, len(X)))
     checkpoint = Path(args.out) / "checkpoint.pkl"
@@ -403,6 +408,8 @@ def _describe_mcmc(args, X, fit_idx, fit) -> str:
         "splitmerge": f" ({args.split_merge_moves} split-merge moves + 1 Gibbs sweep per iteration{start})",
         "tgmcmc": f" ({args.global_moves} tree-guided global moves + local moves on n/2^{args.depth} "
                   f"points per iteration, init {args.tgmcmc_init})",
+        "subcluster": f" (all labels at once + sub-cluster splits and merges, {args.launch_sweeps} "
+                      f"launch sweeps per iteration{start})",
     }.get(args.method, "")
     return (f"{args.method}{moves}: {args.chains} chain(s), {args.warmup} warm-up + "
             f"{args.samples} draws, DP(alpha={args.alpha}), {args.family}")
@@ -459,8 +466,8 @@ def _report(args, X, fit, fit_idx, summary, diagnostics, seconds, out: Path, plo
 
 
 def _initial_partition(args, X: np.ndarray, family=None):
-    """``init_params`` for gibbs/splitmerge with ``--init kmeans``: each chain starts from its
-    own k-means++ partition (``mapdp.kmeanspp_labels`` on standardised coordinates) into
+    """``init_params`` for gibbs/splitmerge/subcluster with ``--init kmeans``: each chain starts
+    from its own k-means++ partition (``mapdp.kmeanspp_labels`` on standardised coordinates) into
     ``--init-clusters`` clusters (an over-segmentation that the
     sampler merges; the start affects only the burn-in, not the chain's target). tgmcmc with
     ``--tgmcmc-init ibhc``: IBHC's partition (:func:`_ibhc_start`). ``None`` otherwise (one
@@ -470,7 +477,7 @@ def _initial_partition(args, X: np.ndarray, family=None):
         # through a host callback inside the compiled program, which JAX's cache cannot keep
         z = _ibhc_start(X, args.alpha, family)
         return {"z": np.tile(z, (args.chains, 1)) if args.chains > 1 else z}
-    if args.method not in ("gibbs", "splitmerge") or args.init != "kmeans":
+    if args.method not in KMEANS_START or args.init != "kmeans":
         return None
     import jax
     import jax.numpy as jnp
@@ -655,6 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="splitmerge: Jain-Neal split-merge moves + collapsed Gibbs sweeps (default); "
                    "gibbs: collapsed Gibbs alone (can stay trapped with merged clusters); "
                    "tgmcmc: tree-guided MCMC (Lee & Choi 2015); "
+                   "subcluster: sub-cluster split/merge MCMC (Chang & Fisher 2013, exact form), every "
+                   "step over all points at once, for large data and GPUs; "
                    "mapdp: MAP-DP point estimate; ddt: Dirichlet diffusion tree by population "
                    "MCMC, cut into clusters; bhmc: nested CRP + multilevel HDP mixture (Huang et al.), "
                    "writes labels_level{l}.csv per level and bhmc_tree.png. Each method has its own "
@@ -677,23 +686,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split-merge moves per iteration for --method splitmerge (default 5)")
     c.add_argument("--global-moves", type=int, default=20,
                    help="tree-guided global moves per iteration for --method tgmcmc (default 20, the paper's G)")
+    c.add_argument("--launch-sweeps", type=int, default=3,
+                   help="--method subcluster: restricted Gibbs sweeps that fit the sub-clusters of "
+                   "each pair of slots before a split or merge is proposed (default 3)")
     c.add_argument("--depth", type=int, default=2,
                    help="--method tgmcmc local moves resample n/2^DEPTH points per iteration; "
                    "--method bhmc: the tree depth L (default 2)")
     c.add_argument("--init", choices=["kmeans", "one"], default="kmeans",
-                   help="gibbs and splitmerge: start each chain from its own k-means++ partition into "
-                   "--init-clusters clusters (default), or from one cluster")
+                   help="gibbs, splitmerge and subcluster: start each chain from its own k-means++ "
+                   "partition into --init-clusters clusters (default), or from one cluster")
     c.add_argument("--init-clusters", type=int, default=20,
                    help="clusters of the k-means++ start (default 20; more than you expect: the "
                    "sampler merges more easily than it splits)")
     c.add_argument("--tgmcmc-init", choices=["ibhc", "noisy"], default="ibhc",
                    help="--method tgmcmc initial partition: IBHC or the paper's noisy trees (default ibhc)")
     c.add_argument("--warmup", type=int, default=None,
-                   help="warm-up sweeps per chain (default: splitmerge 50, gibbs 100, tgmcmc 30, ddt 40, "
-                   "bhmc 40)")
+                   help="warm-up sweeps per chain (default: splitmerge 50, gibbs 100, tgmcmc 30, "
+                   "subcluster 50, ddt 40, bhmc 40)")
     c.add_argument("--samples", type=int, default=None,
-                   help="kept sweeps per chain (default: splitmerge 100, gibbs 200, tgmcmc 70, ddt 60, "
-                   "bhmc 60)")
+                   help="kept sweeps per chain (default: splitmerge 100, gibbs 200, tgmcmc 70, "
+                   "subcluster 100, ddt 60, bhmc 60)")
     c.add_argument("--capacity", type=int, default=None,
                    help="cluster slots per chain; doubled automatically if full (default 32)")
     c.add_argument("--max-points", type=int, default=None,
@@ -732,8 +744,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "cluster":
         _apply_method_defaults(args)
-        non_negative = ("warmup", "global_moves", "checkpoint_every", "max_points")
-        for name in ("chains", "warmup", "samples", "capacity", "split_merge_moves",
+        non_negative = ("warmup", "global_moves", "checkpoint_every", "max_points", "launch_sweeps")
+        for name in ("chains", "warmup", "samples", "capacity", "split_merge_moves", "launch_sweeps",
                      "global_moves", "depth", "checkpoint_every", "max_points", "init_clusters"):
             if getattr(args, name) < (0 if name in non_negative else 1):
                 bound = "non-negative" if name in non_negative else "positive"
@@ -743,8 +755,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.method in ("ddt", "bhmc") and 0 < args.max_points < 4:
             raise SystemExit("jaxbnp: --max-points must be 0 (all points) or at least 4.")
         if (args.resume or args.checkpoint_every) and args.method in ("mapdp", "ddt", "bhmc"):
-            raise SystemExit("jaxbnp: --resume and --checkpoint-every apply to gibbs, splitmerge "
-                             "and tgmcmc.")
+            raise SystemExit("jaxbnp: --resume and --checkpoint-every apply to gibbs, splitmerge, "
+                             "tgmcmc and subcluster.")
         if args.paper and args.method != "mapdp":
             raise SystemExit("jaxbnp: --paper applies to --method mapdp.")
         env_x64 = os.environ.get("JAX_ENABLE_X64", "").strip().lower() in ("1", "true", "yes", "on")

@@ -1,8 +1,8 @@
 """scikit-learn style estimators.
 
 ``DirichletProcessMixture``: posterior sampling of a BNP mixture (collapsed
-Gibbs, split-merge, tree-guided MCMC, or MAP-DP), summarised by a point
-estimate partition; ``fit`` / ``fit_predict`` / ``predict`` /
+Gibbs, split-merge, tree-guided MCMC, sub-cluster split/merge MCMC, or MAP-DP),
+summarised by a point estimate partition; ``fit`` / ``fit_predict`` / ``predict`` /
 ``predict_proba`` / ``score_samples`` / ``score``. A scikit-learn estimator
 (``BaseEstimator``, ``ClusterMixin``) when scikit-learn is installed.
 
@@ -36,6 +36,7 @@ from ._validation import check_data, check_int, check_real
 from .inference.partition import mapdp as mapdp_core
 from .errors import CapacityError, SingleClusterWarning
 from .inference.partition.clusters import ClusterState
+from .inference.partition.kernels import SUBCLUSTER_DEFAULT_CAPACITY
 from .inference.runner import run
 from .models.distributions import mixture_model
 from .models.families import Family, NormalWishart
@@ -392,7 +393,7 @@ except ImportError:  # pragma: no cover - exercised only without scikit-learn
             return self.fit(X, **kwargs).labels_
 
 
-METHODS = ("gibbs", "splitmerge", "tgmcmc", "mapdp")
+METHODS = ("gibbs", "splitmerge", "tgmcmc", "subcluster", "mapdp")
 
 #: keyword options each method accepts through ``method_options``
 METHOD_OPTIONS = {
@@ -401,6 +402,7 @@ METHOD_OPTIONS = {
                    "chain_batching"),
     "tgmcmc": ("num_global_moves", "depth", "init", "local_moves", "chain_batching", "trees",
                "max_parts"),
+    "subcluster": ("num_launch_sweeps", "sharpness", "init_strategy", "chain_batching", "mesh"),
     "mapdp": ("n_restarts", "mode", "tol", "max_iter", "block_size", "split_moves", "merge_moves",
               "init", "init_clusters"),
 }
@@ -527,7 +529,9 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
 
     :param method: ``"gibbs"`` (collapsed Gibbs, ``bnp.CollapsedGibbs``),
         ``"splitmerge"`` (Jain-Neal split-merge + Gibbs, ``bnp.SplitMerge``),
-        ``"tgmcmc"`` (tree-guided MCMC, ``bnp.TreeGuidedMCMC``; DP or NGGP) or
+        ``"tgmcmc"`` (tree-guided MCMC, ``bnp.TreeGuidedMCMC``; DP or NGGP),
+        ``"subcluster"`` (sub-cluster split/merge MCMC, ``bnp.SubClusterMCMC``: every step
+        a computation over all points at once, for large ``n`` and GPUs; DP or Pitman-Yor) or
         ``"mapdp"`` (the MAP partition by :class:`MAPDP` with its defaults; DP or Pitman-Yor;
         no draws: ``num_chains``, ``num_warmup``, ``num_samples`` and
         ``thinning`` are ignored).
@@ -542,15 +546,20 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
     :param thinning: keep every ``thinning``-th post-warm-up iteration (the
         last of each block of ``thinning``, as NumPyro does;
         ``num_samples * thinning`` iterations are run after warm-up).
-    :param capacity: cluster slots; ``None`` means ``n`` (at most 128). When
-        a chain needs more, the fit restarts with twice as many (up to ``n``).
+    :param capacity: cluster slots; ``None`` means ``n`` (at most 128; at most 64 for
+        ``"subcluster"``, whose split proposals are accepted less often when there are
+        many more slots than clusters). When a chain needs more, the fit restarts with
+        twice as many (up to ``n``).
     :param point_estimate: ``"vi"`` or ``"binder"``: the loss ``labels_`` minimises.
     :param method_options: extra keyword options of the method's kernel (see
         ``METHOD_OPTIONS``), e.g. ``{"num_split_merge": 5}`` or, for MAP-DP,
-        ``{"init": "one", "n_restarts": 4}``. Gibbs and split-merge
-        start from a draw of the partition prior (``init_strategy="prior"``;
+        ``{"init": "one", "n_restarts": 4}``; ``"subcluster"`` takes
+        ``num_launch_sweeps``, ``sharpness``, ``init_strategy``, ``chain_batching`` and
+        ``mesh`` (a ``jax.sharding.Mesh`` whose first axis shards the points). Gibbs and
+        split-merge start from a draw of the partition prior (``init_strategy="prior"``;
         the kernels' default, one cluster, can stay stuck for a long time on
-        well-separated groups).
+        well-separated groups); sub-cluster MCMC starts from one cluster (its
+        default), which its split proposals leave in a few iterations.
     :param random_state: integer seed of the ``jax.random.key``; ``None``
         means 0. The same seed gives the same draws.
     :param progress_bar: show a tqdm bar of the iterations; ``None`` (auto)
@@ -647,6 +656,12 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
             raise ValueError(
                 f"method='tgmcmc' supports DP and NGGP measures, got {type(measure).__name__}; "
                 "use method='gibbs' or 'splitmerge'."
+            )
+        if self.method == "subcluster" and measure.has_auxiliary:
+            raise ValueError(
+                f"method='subcluster' supports DP and PitmanYor measures, got {type(measure).__name__} "
+                "(its weights given the partition are not Dirichlet, docs/mathematics.md §7); "
+                "use method='gibbs', 'splitmerge' or 'tgmcmc'."
             )
         if self.family is not None and not isinstance(self.family, Family):
             raise ValueError(
@@ -764,7 +779,10 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
             # from one cluster, single-point moves rarely split well-separated groups
             options.setdefault("init_strategy", "prior")
         Xj = jnp.asarray(X, dtype=jnp.result_type(float))
-        capacity = int(self.capacity) if self.capacity is not None else min(n, 128)
+        if self.capacity is not None:
+            capacity = int(self.capacity)
+        else:
+            capacity = min(n, SUBCLUSTER_DEFAULT_CAPACITY if self.method == "subcluster" else 128)
         options_key = tuple(sorted(options.items()))
         result = run(
             _make_kernel(self.method, options_key), jax.random.key(seed), (Xj, measure, family),

@@ -110,6 +110,28 @@ def test_cluster_splitmerge_tgmcmc_and_mapdp(tmp_path, capsys, monkeypatch):
         assert json.loads((tmp_path / method / "summary.json").read_text())["clusters_best_draw"] == 2
 
 
+def test_cluster_subcluster(tmp_path, capsys, monkeypatch):
+    """--method subcluster with --launch-sweeps, from one cluster: the two groups share no
+    cluster (a posterior property: a few-point cluster may split off); a negative
+    --launch-sweeps is refused before anything runs."""
+    from jaxbnp.cli import main
+
+    rng = np.random.default_rng(1)
+    X = np.r_[rng.normal(-4, 1, (30, 2)), rng.normal(4, 1, (30, 2))]
+    np.savetxt(tmp_path / "x.csv", X, delimiter=",")
+    monkeypatch.chdir(tmp_path)
+    assert main(["cluster", "x.csv", "--method", "subcluster", "--launch-sweeps", "2", "--init", "one",
+                 "--chains", "1", "--warmup", "30", "--samples", "10", "--out", "s"]) == 0
+    assert ("method    subcluster (all labels at once + sub-cluster splits and merges, 2 launch "
+            "sweeps per iteration, one-cluster start)") in capsys.readouterr().out
+    labels = np.loadtxt(tmp_path / "s" / "labels.csv", skiprows=1)
+    assert set(labels[:30]).isdisjoint(labels[30:])
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["method"] == "subcluster" and summary["capacity"] == 32
+    with pytest.raises(SystemExit, match="--launch-sweeps must be non-negative"):
+        main(["cluster", "x.csv", "--method", "subcluster", "--launch-sweeps", "-1", "--out", "s"])
+
+
 def test_cluster_checkpoint_and_resume(tmp_path, capsys, monkeypatch):
     """--checkpoint-every saves the run; --resume continues it (same draws as one run: tests/test_checkpoint.py)."""
     from jaxbnp.checkpoint import load_checkpoint

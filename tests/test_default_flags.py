@@ -37,10 +37,10 @@ compile; the masked form may only succeed or die of that LLVM error. The smalles
 ``test_population_exchange_compiles`` runs it and the exact test's ``fit_ddt`` call.
 
 ``test_every_sampler_and_estimator``: every public kernel (``CollapsedGibbs``,
-``SplitMerge``, ``TreeGuidedMCMC`` with device and host trees, ``DiffusionTreeMCMC``,
-``PopulationDDT`` in ``numpyro.infer.MCMC``), estimator (``MAPDP``,
-``DirichletProcessMixture`` with methods gibbs and mapdp, ``select_alpha``) and fitting function
-(``fit_ddt``, ``fit_bhmc`` with ``compiler_options=None``, ``fit_mapdp_chunked``,
+``SplitMerge``, ``TreeGuidedMCMC`` with device and host trees, ``SubClusterMCMC``,
+``DiffusionTreeMCMC``, ``PopulationDDT`` in ``numpyro.infer.MCMC``), estimator (``MAPDP``,
+``DirichletProcessMixture`` with methods gibbs, subcluster and mapdp, ``select_alpha``) and
+fitting function (``fit_ddt``, ``fit_bhmc`` with ``compiler_options=None``, ``fit_mapdp_chunked``,
 ``distributed.fit_mapdp_sharded``, ``distributed.gibbs_sharded``) on 20 points, in
 float32 and in float64 (x64 enabled before anything else), four scripts per dtype.
 """
@@ -168,6 +168,7 @@ if GROUP == "kernels":
     run("TreeGuidedMCMC trees=device", kernel(lambda: bnp.TreeGuidedMCMC(partition_model, num_global_moves=2)))
     run("TreeGuidedMCMC trees=host", kernel(lambda: bnp.TreeGuidedMCMC(partition_model, num_global_moves=2,
                                                                        trees="host")))
+    run("SubClusterMCMC", kernel(lambda: bnp.SubClusterMCMC(partition_model, num_launch_sweeps=2)))
 
 XT = X[:8]
 
@@ -270,8 +271,9 @@ if GROUP == "trees":
     run("fit_ddt", ddt_fit)
 if GROUP == "estimators":
     run("MAPDP fit+predict", mapdp)
-    # the other methods' kernels run directly in the "kernels" group
-    for method in ("gibbs", "mapdp"):
+    # the other methods' kernels run directly in the "kernels" group (subcluster in both: the
+    # estimator runs it with its own default capacity and the runner's loop)
+    for method in ("gibbs", "subcluster", "mapdp"):
         run(f"DirichletProcessMixture method={method} fit+predict", dpm(method))
     run("select_alpha nll, heldout", select)
 if GROUP == "bhmc_distributed":

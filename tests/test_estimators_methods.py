@@ -1,5 +1,6 @@
 """DirichletProcessMixture beyond the default settings: its draws against NumPyro's ``MCMC``
-with two chains, split-merge, tree-guided MCMC (with an NGGP prior) and MAP-DP.
+with two chains, split-merge, tree-guided MCMC (with an NGGP prior), sub-cluster MCMC and
+MAP-DP.
 
 Each test compiles its own samplers (about 10 s of CPU each on a 2-core machine).
 """
@@ -56,6 +57,38 @@ def test_other_samplers_find_the_blobs(method, measure, options):
     proba = dpm.predict_proba(X[:3])
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-12)
     np.testing.assert_array_equal(dpm.predict(X[:3]), dpm.labels_[:3])
+
+
+def _four_blobs(n=200, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = np.array([[-6.0, 0.0], [6.0, 0.0], [0.0, 8.0], [0.0, -8.0]])
+    y = np.arange(n) % 4
+    return centres[y] + rng.normal(size=(n, 2)), y
+
+
+@pytest.mark.parametrize("measure", [bnp.DP(1.0), bnp.PitmanYor(1.0, 0.2)])
+def test_subcluster_default_settings_find_four_blobs(measure):
+    """method="subcluster" with every other setting at its default (one-cluster start, 64
+    slots, 3 launch sweeps, 100 + 200 iterations): the four groups, no more, no fewer."""
+    X, y = _four_blobs()
+    dpm = DirichletProcessMixture(method="subcluster", measure=measure, random_state=0).fit(X)
+    assert dpm.n_clusters_ == 4 and adjusted_rand_score(y, dpm.labels_) == 1.0
+    assert dpm.capacity_ == 64 and isinstance(dpm.measure_, type(measure))
+    post = dpm.posterior_samples_
+    assert post["labels"].shape == (1, 200, 200) and "u" not in post
+    np.testing.assert_array_equal(dpm.predict(X[:8]), dpm.labels_[:8])
+
+
+def test_subcluster_rejects_nggp_and_foreign_options_before_sampling():
+    X, _ = _blobs(24)
+    with pytest.raises(ValueError, match="method='subcluster' supports DP and PitmanYor measures, got NGGP"):
+        DirichletProcessMixture(method="subcluster", measure=bnp.NGGP(1.0, 0.3)).fit(X)
+    with pytest.raises(ValueError, match=r"\['num_split_merge'\] are not options of method='subcluster'"):
+        DirichletProcessMixture(method="subcluster", method_options={"num_split_merge": 3}).fit(X)
+    with pytest.raises(ValueError, match="num_launch_sweeps must be an integer >= 0"):
+        DirichletProcessMixture(method="subcluster", method_options={"num_launch_sweeps": -1}).fit(X)
+    with pytest.raises(ValueError, match="method must be one of"):
+        DirichletProcessMixture(method="sub-cluster").fit(X)
 
 
 def test_mapdp_delegates_to_MAPDP():

@@ -1,8 +1,8 @@
 """Samplers and optimisers of one partition of the data: the fixed-capacity cluster
 state (``clusters``), collapsed Gibbs (``gibbs``), Jain-Neal split-merge
-(``split_merge``), composable moves over a partition (``moves``), MAP-DP
-(``mapdp``), hyperparameter selection (``hyperparameters``) and their NumPyro
-kernels (``kernels``)."""
+(``split_merge``), sub-cluster split/merge MCMC (``subcluster``), composable moves
+over a partition (``moves``), MAP-DP (``mapdp``), hyperparameter selection
+(``hyperparameters``) and their NumPyro kernels (``kernels``)."""
 
 from .clusters import CapacityError, ClusterState, PartitionState
 from .kernels import (
