@@ -219,7 +219,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     num_active = jnp.sum(active)
 
     # 2. split/merge: a random matching of the slots, one launch per pair
-    perm = jax.random.permutation(k_match, C)
+    perm = jax.random.permutation(k_match, C).astype(jnp.int32)  # int64 under x64
     a_slot, b_slot = perm[0:2 * P:2], perm[1:2 * P:2]
     pair = jnp.full((C,), -1, jnp.int32).at[perm[:2 * P]].set(jnp.arange(2 * P, dtype=jnp.int32) // 2)
     pid = pair[labels]
