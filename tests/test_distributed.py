@@ -9,8 +9,6 @@ each test below asserts one part of it.
 from __future__ import annotations
 
 import functools
-import json
-import os
 import socket
 import subprocess
 import sys
@@ -22,13 +20,10 @@ import pytest
 from sklearn.datasets import load_wine
 
 import jaxbnp as bnp
-from jaxbnp.inference import distributed
+from jaxbnp.inference import distributed, sharded
 from jaxbnp.inference.partition import mapdp
-from jaxbnp.inference import sharded
 
-from .conftest import TEST_XLA_FLAGS
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .device_scripts import REPO, background_fixture, device_env, last_json
 
 # wine, standardised, with the prior of tests/test_mapdp.py: batched MAP-DP leaves the one-cluster start
 PRELUDE = """
@@ -129,43 +124,7 @@ jax.distributed.shutdown()
 '''
 
 
-def _env(num_devices: int) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices} {TEST_XLA_FLAGS}"
-    env["JAX_ENABLE_X64"] = "1"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def _json(stdout: str) -> dict:
-    lines = [line for line in stdout.splitlines() if line.startswith("JSON")]
-    assert lines, stdout
-    return json.loads(lines[-1][4:])
-
-
-class _EightDeviceRun:
-    """The 8-device script, started when the module's first test starts: it compiles in the
-    background (XLA compiles on one thread) while the main-process tests run."""
-
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", EIGHT_DEVICES], env=_env(8), cwd=REPO,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    @functools.cached_property
-    def result(self) -> dict:
-        stdout, stderr = self.proc.communicate(timeout=900)
-        assert self.proc.returncode == 0, stderr[-4000:]
-        return _json(stdout)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _eight_device_run():
-    run = _EightDeviceRun()
-    yield run
-    if run.proc.poll() is None:
-        run.proc.kill()
-        run.proc.communicate()
+_eight_device_run = background_fixture(EIGHT_DEVICES)
 
 
 @pytest.fixture
@@ -200,7 +159,7 @@ def test_two_processes_over_loopback_psum_and_sharded_mapdp():
     """jax.distributed on CPU (gloo collectives): a psum across processes, and the sharded MAP-DP of
     2 processes x 2 devices equals the single-process batched fit (global blocks of 16)."""
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", LOOPBACK, str(i), str(port)], env=_env(2),
+    procs = [subprocess.Popen([sys.executable, "-c", LOOPBACK, str(i), str(port)], env=device_env(2),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
              for i in range(2)]
     outs = []
@@ -208,7 +167,7 @@ def test_two_processes_over_loopback_psum_and_sharded_mapdp():
         for p in procs:
             stdout, stderr = p.communicate(timeout=600)
             assert p.returncode == 0, stderr[-4000:]
-            outs.append(_json(stdout))
+            outs.append(last_json(stdout))
     finally:
         for p in procs:
             if p.poll() is None:

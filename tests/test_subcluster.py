@@ -12,10 +12,6 @@ test starts so that it compiles while the other tests run; it prints one JSON ob
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import chex
 import jax
@@ -29,10 +25,9 @@ import jaxbnp as bnp
 from jaxbnp.inference.partition import subcluster
 from jaxbnp.inference.runner import run
 
-from .conftest import TEST_XLA_FLAGS
+from .device_scripts import background_fixture
+from .test_kernel import NG, _data, dp_model, nggp_model
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NG = bnp.NormalGamma(m0=0.0, k0=0.2, a0=2.0, b0=1.0)
 EXTRA = ("log_joint", "num_clusters", "num_accepted", "num_proposed", "mean_log_accept")
 
 EIGHT_DEVICES = r'''
@@ -83,54 +78,7 @@ print("JSON" + json.dumps(dict(iterations=iterations, kernel=kernel)))
 '''
 
 
-def _env(num_devices: int) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices} {TEST_XLA_FLAGS}"
-    env["JAX_ENABLE_X64"] = "1"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-class _EightDeviceRun:
-    """The 8-device script, started with the module: it compiles in the background."""
-
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", EIGHT_DEVICES], env=_env(8), cwd=REPO,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    @functools.cached_property
-    def result(self) -> dict:
-        stdout, stderr = self.proc.communicate(timeout=900)
-        assert self.proc.returncode == 0, stderr[-4000:]
-        lines = [line for line in stdout.splitlines() if line.startswith("JSON")]
-        assert lines, stdout
-        return json.loads(lines[-1][4:])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _eight_device_run():
-    proc = _EightDeviceRun()
-    yield proc
-    if proc.proc.poll() is None:
-        proc.proc.kill()
-        proc.proc.communicate()
-
-
-def _data(n=12, dim=2, seed=0):
-    rng = np.random.default_rng(seed)
-    return np.array([[-2.0] * dim, [2.0] * dim])[np.arange(n) % 2] + 0.7 * rng.normal(size=(n, dim))
-
-
-def dp_model(X):
-    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
-    numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
-
-
-def nggp_model(X):
-    u = numpyro.sample("u", bnp.AuxiliaryU())
-    z = numpyro.sample("z", bnp.Partition(bnp.NGGP(1.0, 0.3), X.shape[0], u=u))
-    numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
+_eight_device_run = background_fixture(EIGHT_DEVICES)
 
 
 @functools.cache
