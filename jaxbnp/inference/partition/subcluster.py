@@ -67,7 +67,7 @@ from jax.scipy.special import gammaln
 
 from ..._validation import check_int, check_real
 from .clusters import ClusterState, PartitionState
-from .moves import Context, MHInfo, Move
+from .moves import MHInfo, Move
 
 __all__ = [
     "SubClusterState",
@@ -194,7 +194,8 @@ def _segment_stats(point_stats, ids, num, axis_name):
 
 
 def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
-              num_launch_sweeps: int, sharpness: float = DEFAULT_SHARPNESS, axis_name=None):
+              num_launch_sweeps: int, sharpness: float = DEFAULT_SHARPNESS, axis_name=None,
+              totals=None):
     """One iteration on (a shard of) the points; module docstring and §7.
 
     :param key: the iteration's key (replicated over shards).
@@ -206,6 +207,8 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         proposal, ``q(z̄_i) ∝ p(z̄_i | L, x_i)^β`` (§7; ``β = 1``: the launch's own law; larger,
         crisper splits; any ``β > 0`` is exact).
     :param axis_name: the mesh axis the points are sharded over (``None``: one device).
+    :param totals: the global ``(counts, stats)`` of ``labels`` when the caller has them
+        (the previous iteration's output); ``None``: summed here.
     :returns: ``(labels, counts, stats, SubClusterState, SubClusterInfo)``; ``counts`` and
         ``stats`` are the global per-slot sums of the new labels.
     """
@@ -219,8 +222,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         return jnp.where(valid, ids, C)
 
     ps = family.point_stats(X)
-
-    counts, stats = _segment_stats(ps, masked(labels), C, axis_name)
+    counts, stats = _segment_stats(ps, masked(labels), C, axis_name) if totals is None else totals
 
     # 1. labels: weights over every slot, parameters, then every label at once (§7): the
     #    blocked Gibbs step of a C-slot symmetric Dirichlet mixture, corrected to the
@@ -284,10 +286,9 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     # the launch starts from two anchors of each pair's union: its points of smallest and
     # largest uniform (a law that depends on the union only); each point goes to the
     # sub-cluster whose parameters, drawn given its anchor alone, explain it better
-    u_anchor = jnp.where(in_pair, noise[:, 1], jnp.nan)
-    seg_anchor = jnp.where(in_pair, pid0, P)
-    lo = jax.ops.segment_min(jnp.where(in_pair, u_anchor, 2.0), seg_anchor, num_segments=P)
-    hi = jax.ops.segment_max(jnp.where(in_pair, u_anchor, -1.0), seg_anchor, num_segments=P)
+    seg = jnp.where(in_pair, pid0, P)
+    lo = jax.ops.segment_min(jnp.where(in_pair, noise[:, 1], 2.0), seg, num_segments=P)
+    hi = jax.ops.segment_max(jnp.where(in_pair, noise[:, 1], -1.0), seg, num_segments=P)
     if axis_name is not None:
         lo, hi = lax.pmin(lo, axis_name), lax.pmax(hi, axis_name)
     anchor = jnp.where(in_pair & (noise[:, 1] == lo[pid0]), 0,
@@ -312,7 +313,6 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     side = jnp.where(split_pair[pid0], zbar, (labels != a_slot[pid0]).astype(jnp.int32))
     lp_side = jnp.take_along_axis(lp, side[:, None], axis=-1)[:, 0]
     lp_other = jnp.take_along_axis(lp, 1 - side[:, None], axis=-1)[:, 0]
-    seg = jnp.where(in_pair, pid0, P)
     t1, t2 = _psum((
         jax.ops.segment_sum(jnp.where(in_pair, lp_side, 0.0), seg, num_segments=P),
         jax.ops.segment_sum(jnp.where(in_pair, lp_other, 0.0), seg, num_segments=P),
@@ -347,7 +347,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
 
     inputs = (a_slot, b_slot, split_pair, merge_pair, part_counts[:, 0], part_counts[:, 1],
               log_part[:, 0], log_part[:, 1], log_union, log_q, orient, log_u)
-    (counts_new, _), (acc, proposed, log_acc, l_slot, r_slot) = lax.scan(
+    _, (acc, proposed, log_acc, l_slot, r_slot) = lax.scan(
         decide, (counts, num_active.astype(jnp.int32)), inputs)
     acc_split, acc_merge = acc & split_pair, acc & merge_pair
     new_slot = jnp.where(
@@ -371,13 +371,20 @@ def step(key, labels, X, measure, family, capacity: int, num_launch_sweeps: int 
 
     ``key`` is split into the per-point noise key and the iteration's key, as in
     :func:`subcluster_move`."""
+    labels, _, _, state, info = _keyed_iteration(iteration, key, labels, X, measure, family,
+                                                 capacity, num_launch_sweeps, sharpness)
+    return labels, state, info
+
+
+def _keyed_iteration(run_iteration, key, labels, X, measure, family, capacity, num_launch_sweeps,
+                     sharpness, totals=None):
+    """``run_iteration`` (:func:`iteration` or a :func:`sharded_iteration`) on all points from
+    one key, split into the per-point noise key and the iteration's key."""
     X = jnp.asarray(X)
     k_noise, k_iter = jax.random.split(key)
     noise = point_noise(k_noise, X.shape[0], num_launch_sweeps, jnp.result_type(X.dtype, float))
-    valid = jnp.ones(X.shape[0], bool)
-    labels, _, _, state, info = iteration(k_iter, noise, X, valid, labels, measure, family,
-                                          capacity, num_launch_sweeps, sharpness)
-    return labels, state, info
+    return run_iteration(k_iter, noise, X, jnp.ones(X.shape[0], bool), labels, measure, family,
+                         capacity, num_launch_sweeps, sharpness, totals=totals)
 
 
 def sharded_iteration(mesh, axis_name: str | None = None):
@@ -395,25 +402,26 @@ def sharded_iteration(mesh, axis_name: str | None = None):
     num_shards = mesh.shape[axis]
 
     def fn(key, noise, X, valid, labels, measure, family, capacity: int, num_launch_sweeps: int,
-           sharpness: float = DEFAULT_SHARPNESS):
+           sharpness: float = DEFAULT_SHARPNESS, totals=None):
         n = X.shape[0]
         pad = (-n) % num_shards
 
         def padded(a):
             return jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
 
-        def body(key, noise, X, valid, labels, measure, family):
+        def body(key, noise, X, valid, labels, measure, family, totals):
             return iteration(key, noise, X, valid, labels, measure, family, capacity,
-                             num_launch_sweeps, sharpness, axis_name=axis)
+                             num_launch_sweeps, sharpness, axis_name=axis, totals=totals)
 
         pts, rep = Ps(axis), Ps()
         state_specs = SubClusterState(rep, rep, pts, rep, rep, rep)
         labels, counts, stats, state, info = jax.shard_map(
             body, mesh=mesh,
-            in_specs=(rep, pts, pts, pts, pts, rep, rep),
+            in_specs=(rep, pts, pts, pts, pts, rep, rep, rep),
             out_specs=(pts, rep, rep, state_specs, rep),
             check_vma=False,
-        )(key, padded(noise), padded(X), padded(valid), padded(labels.astype(jnp.int32)), measure, family)
+        )(key, padded(noise), padded(X), padded(valid), padded(labels.astype(jnp.int32)), measure, family,
+          totals)
         return labels[:n], counts, stats, state._replace(sub_labels=state.sub_labels[:n]), info
 
     return fn
@@ -430,25 +438,19 @@ def subcluster_move(num_launch_sweeps: int = 3, mesh=None, sharpness: float = DE
         raise ValueError("sharpness must be > 0 (0 would propose every split alike), got 0.")
     run_iteration = iteration if mesh is None else sharded_iteration(mesh)
 
-    def run(key, state, ctx):
+    def step_fn(key, state, move_state, ctx):
         clusters = state.clusters
-        X = jnp.asarray(ctx.X)
-        n, C = X.shape[0], clusters.capacity
-        k_noise, k_iter = jax.random.split(key)
-        noise = point_noise(k_noise, n, T, jnp.result_type(X.dtype, float))
-        labels, counts, stats, move_state, info = run_iteration(
-            k_iter, noise, X, jnp.ones(n, bool), clusters.labels, ctx.measure, ctx.family, C, T,
-            sharpness)
+        n, C = clusters.labels.shape[0], clusters.capacity
+        labels, counts, stats, move_state, info = _keyed_iteration(
+            run_iteration, key, clusters.labels, ctx.X, ctx.measure, ctx.family, C, T, sharpness,
+            totals=(clusters.counts, clusters.stats))
         # every slot in use: the chain could not split any more, so the capacity must grow
         full = (jnp.sum(counts > 0) >= C) & (C < n)
         new = ClusterState(labels, counts, stats, clusters.overflow | full)
         return PartitionState(new, state.u), move_state, info
 
     def init_fn(state, ctx):
-        shapes = jax.eval_shape(lambda k: run(k, state, ctx)[1], jax.random.key(0))
+        shapes = jax.eval_shape(lambda k: step_fn(k, state, None, ctx)[1], jax.random.key(0))
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-    def step_fn(key, state, move_state, ctx):
-        return run(key, state, ctx)
 
     return Move(init_fn, step_fn)
