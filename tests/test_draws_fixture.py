@@ -5,6 +5,10 @@ function, made by ``tests/fixtures/draws.py`` on the code before the layout by
 capability (the commit is stored in the file). This recomputes them with the
 code as it is now: labels, paths and trees exactly, the floats to 1e-9.
 
+One deliberate change since: BHMC's Gamma draws now take their uniforms from one
+``jax.random.uniform`` call (``jaxbnp._random``, issue #20's speed work), so the
+``fit_bhmc/*`` entries were re-made then; every other entry is the original.
+
 The draws are computed in a fresh subprocess with the suite's XLA flags and
 float64 (what ``draws.py`` itself sets), so that they do not depend on what the
 test worker compiled before, and so that a crash inside XLA's compiler fails

@@ -52,6 +52,10 @@ from .._math import JAX_MATH as _JAX_MATH
 from .._math import NUMPY_MATH as _NUMPY_MATH
 
 from .._pytree import ParameterPytree, concrete_value
+from .._random import (
+    log_beta_pair_from_uniform, log_dirichlet_from_uniform, loggamma_from_uniform, loggamma_uniforms,
+    normal_from_uniform, split_uniform,
+)
 
 __all__ = [
     "Family",
@@ -211,7 +215,21 @@ class Family(ParameterPytree):
         """A draw of the component parameters from their conjugate posterior given the
         cluster statistics ``stats`` (the prior for zero statistics); leading axes of
         ``stats`` are batch axes and are kept (docs/mathematics.md §2, "Instantiated
-        parameters")."""
+        parameters"). One uniform draw, transformed by :meth:`sample_params_from_uniform`."""
+        k_u, k_redraw = jax.random.split(key)
+        shapes, dtype = self.param_uniforms(stats)
+        return self.sample_params_from_uniform(split_uniform(k_u, shapes, dtype), stats, k_redraw)
+
+    def param_uniforms(self, stats) -> tuple[list, Any]:
+        """``(shapes, dtype)`` of the uniforms :meth:`sample_params_from_uniform` takes for
+        ``stats``: a sampler that draws many parameter sets per step draws all their
+        uniforms at once (on a CPU each ``jax.random`` call has a fixed cost)."""
+        raise NotImplementedError
+
+    def sample_params_from_uniform(self, u: list, stats, key: jax.Array):
+        """:meth:`sample_params` from uniforms ``u`` in ``(0, 1)`` of the shapes
+        :meth:`param_uniforms` gives; ``key`` (independent of ``u``) feeds only the rare
+        redraws of the Gamma variates' rejection step."""
         raise NotImplementedError
 
     def log_likelihood(self, X: jax.Array, params) -> jax.Array:
@@ -330,17 +348,25 @@ class NormalGamma(Family):
         z = (x - mn) ** 2 * inv_dof_scale2
         return log_norm - jnp.sum(half_dof1 * jnp.log1p(z), axis=-1)
 
-    def sample_params(self, key, stats):
+    def _param_shape(self, stats):
+        kn, mn, an, bn = self._posterior(stats)
+        shape = jnp.broadcast_shapes(jnp.shape(kn), jnp.shape(mn), jnp.shape(an), jnp.shape(bn))
+        return shape, jnp.result_type(mn, bn)
+
+    def param_uniforms(self, stats):
+        shape, dtype = self._param_shape(stats)
+        return [loggamma_uniforms(shape), shape], dtype
+
+    def sample_params_from_uniform(self, u, stats, key):
         """``NormalGammaComponent`` drawn from the Normal-Gamma posterior (docs/mathematics.md §2,
         "Instantiated parameters"): per dimension ``λ ~ Gamma(a_n, rate=b_n)``, then
         ``μ | λ ~ N(m_n, 1/(k_n λ))``. ``stats`` with leading axes ``(...,)`` give
         parameters of shape ``(..., D)``."""
         kn, mn, an, bn = self._posterior(stats)
-        shape = jnp.broadcast_shapes(jnp.shape(kn), jnp.shape(mn), jnp.shape(an), jnp.shape(bn))
-        dtype = jnp.result_type(mn, bn)
-        k_lam, k_mu = jax.random.split(key)
-        lam = jax.random.gamma(k_lam, jnp.broadcast_to(an, shape).astype(dtype), shape, dtype) / bn
-        mu = mn + jax.random.normal(k_mu, shape, dtype) / jnp.sqrt(kn * lam)
+        shape, dtype = self._param_shape(stats)
+        u_lam, u_mu = u
+        lam = jnp.exp(loggamma_from_uniform(u_lam, jnp.broadcast_to(an, shape).astype(dtype), key)) / bn
+        mu = mn + normal_from_uniform(u_mu) / jnp.sqrt(kn * lam)
         return NormalGammaComponent(mu, lam)
 
     def log_likelihood(self, X, params):
@@ -586,7 +612,13 @@ class NormalWishart(Family):
         mean = (rn[..., None] * p.mean + sign * x) / (rn + sign)[..., None]
         return self._with_norm(mean, psi_inv, p.logdet_psi + jnp.log(denom), rn + sign, p.nun + sign)
 
-    def sample_params(self, key, stats):
+    def param_uniforms(self, stats):
+        d = self.psi.shape[-1]
+        batch = jnp.shape(stats.n)
+        dtype = self._posterior(stats)[2].dtype  # m_n's
+        return [loggamma_uniforms(batch + (d,)), batch + (d, d), batch + (d, 1)], dtype
+
+    def sample_params_from_uniform(self, u, stats, key):
         """``NormalWishartComponent`` drawn from the Normal-Wishart posterior (docs/mathematics.md
         §2, "Instantiated parameters"): ``Λ ~ Wishart(ν_n, Ψ_n⁻¹)`` (``E[Λ] = ν_n Ψ_n⁻¹``), then
         ``μ | Λ ~ N(m_n, (r_n Λ)⁻¹)``.
@@ -600,11 +632,11 @@ class NormalWishart(Family):
         d = self.psi.shape[-1]
         batch = mn.shape[:-1]
         dtype = mn.dtype
-        k_diag, k_off, k_mu = jax.random.split(key, 3)
+        u_diag, u_off, u_mu = u
         # χ²(k) = 2 Gamma(k/2)
         df = jnp.broadcast_to(nun, batch)[..., None] - jnp.arange(d, dtype=dtype)
-        diag = jnp.sqrt(2.0 * jax.random.gamma(k_diag, 0.5 * df, batch + (d,), dtype))
-        off = jnp.tril(jax.random.normal(k_off, batch + (d, d), dtype), -1)
+        diag = jnp.sqrt(2.0 * jnp.exp(loggamma_from_uniform(u_diag, 0.5 * df, key)))
+        off = jnp.tril(normal_from_uniform(u_off), -1)
         A = off + diag[..., :, None] * jnp.eye(d, dtype=dtype)
         U = jnp.linalg.cholesky(psin)
         U = jnp.broadcast_to(U, batch + (d, d))
@@ -612,7 +644,7 @@ class NormalWishart(Family):
         B = jax.scipy.linalg.solve_triangular(Ut, A, lower=False)
         precision = B @ jnp.swapaxes(B, -1, -2)
         precision = 0.5 * (precision + jnp.swapaxes(precision, -1, -2))
-        z = jax.random.normal(k_mu, batch + (d, 1), dtype)
+        z = normal_from_uniform(u_mu)
         y = jax.scipy.linalg.solve_triangular(A, z, lower=True, trans="T")  # A⁻ᵀ z
         mean = mn + (U @ y)[..., 0] / jnp.sqrt(jnp.broadcast_to(rn, batch))[..., None]
         return NormalWishartComponent(mean, precision)
@@ -722,11 +754,15 @@ class DirichletMultinomial(Family):
             + jnp.sum(gammaln(post + x) - gammaln(post), -1)
         )
 
-    def sample_params(self, key, stats):
+    def param_uniforms(self, stats):
+        alpha = self._beta(stats.counts.shape[-1]) + stats.counts
+        return [loggamma_uniforms(alpha.shape)], jnp.result_type(alpha, float)
+
+    def sample_params_from_uniform(self, u, stats, key):
         """Word distributions ``θ ~ Dir(β + C_c)`` (docs/mathematics.md §2, "Instantiated
         parameters"): an array ``(..., V)`` for statistics with leading axes ``(...,)``."""
         alpha = self._beta(stats.counts.shape[-1]) + stats.counts
-        return jax.random.dirichlet(key, alpha, dtype=alpha.dtype)
+        return jnp.exp(log_dirichlet_from_uniform(u[0], alpha, key))
 
     def log_likelihood(self, X, params):
         """``Σ_w x_w log θ_kw``, shape ``(n, K)``: one matrix product ``X (log θ)ᵀ``
@@ -798,15 +834,24 @@ class BetaBernoulli(Family):
         log_p1, log_p0 = params
         return jnp.sum(x * log_p1 + (1.0 - x) * log_p0, -1)
 
-    def sample_params(self, key, stats):
-        """Feature probabilities ``θ_d ~ Beta(a + s_d, b + n − s_d)`` (docs/mathematics.md §2,
-        "Instantiated parameters"): an array ``(..., D)`` for statistics with leading axes
-        ``(...,)``."""
+    def _beta_params(self, stats):
         n = stats.n[..., None]
         a = self.a + stats.ones
         b = self.b + n - stats.ones
-        shape = jnp.broadcast_shapes(a.shape, b.shape)
-        return jax.random.beta(key, a, b, shape, dtype=jnp.result_type(a, b))
+        return a, b
+
+    def param_uniforms(self, stats):
+        a, b = self._beta_params(stats)
+        shape = (2,) + jnp.broadcast_shapes(a.shape, b.shape)
+        return [loggamma_uniforms(shape)], jnp.result_type(a, b, float)
+
+    def sample_params_from_uniform(self, u, stats, key):
+        """Feature probabilities ``θ_d ~ Beta(a + s_d, b + n − s_d)`` (docs/mathematics.md §2,
+        "Instantiated parameters"): an array ``(..., D)`` for statistics with leading axes
+        ``(...,)``."""
+        a, b = self._beta_params(stats)
+        log_p, _ = log_beta_pair_from_uniform(u[0], a, b, key)
+        return jnp.exp(log_p)
 
     def log_likelihood(self, X, params):
         """``Σ_d [x_d log θ_kd + (1 − x_d) log(1 − θ_kd)]``, shape ``(n, K)``: two matrix

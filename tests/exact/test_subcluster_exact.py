@@ -232,8 +232,10 @@ def test_moves_match_their_metropolis_hastings_ratios(measure):
             # block by block with the right ratio and the iteration's own uniforms
             proposal = _inverse_cdf(ll[b] + state.log_weights[b], noise[b, :, 0])
             block = np.minimum((noise[b, :, T + 3] * B).astype(int), B - 1)
-            k_lab = jax.random.split(jax.random.split(keys[b])[1], 7)[2]
-            log_u = np.log(np.asarray(jax.random.uniform(k_lab, (B,), X.dtype)))
+            rng = subcluster._IterationRandomness(jax.random.split(keys[b])[1], family,
+                                                  family.empty_stats(C, X.shape[1], X.dtype), C, T,
+                                                  X.dtype)
+            log_u = np.log(np.asarray(rng.blocks))
             mid, mid_wrong, num_ok = start.copy(), start.copy(), 0
             for blk in range(B):
                 sel = block == blk

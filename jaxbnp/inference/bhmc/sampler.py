@@ -85,6 +85,7 @@ from jax.scipy.special import logsumexp
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
+from ..._random import log_beta_pair, log_dirichlet
 from ..._cache import auto_enable
 from ..._validation import check_data, check_int
 from ...errors import CapacityError
@@ -240,65 +241,9 @@ def _mvn_logpdf(x, mean, chol):
             - 0.5 * chol.shape[0] * _LOG_2PI)
 
 
-def _loggamma(key, a, rounds: int = 2):
-    """``log G`` for ``G ~ Gamma(a, 1)``, elementwise, exact (Marsaglia-Tsang; ``a < 1`` boosted).
-
-    ``rounds`` candidates per entry are drawn at once and the first accepted
-    one is kept; entries with none accepted (probability below ``0.05**rounds``)
-    are redrawn in a while loop, so the law is exact. For ``a < 1``:
-    ``log G = log G' + log(U) / a`` with ``G' ~ Gamma(a + 1)``. Several times
-    faster to run and to compile than ``jax.random.loggamma`` on CPU.
-    """
-    a = jnp.asarray(a)
-    dtype = a.dtype
-    boost = a < 1.0
-    d = jnp.where(boost, a + 1.0, a) - 1.0 / 3.0
-    cc = 1.0 / jnp.sqrt(9.0 * d)
-    tiny = jnp.finfo(dtype).tiny
-
-    def candidates(k):
-        kz, ku = jax.random.split(k)
-        z = jax.random.normal(kz, (rounds,) + a.shape, dtype)
-        u = jax.random.uniform(ku, (rounds,) + a.shape, dtype, minval=tiny, maxval=1.0)
-        v = (1.0 + cc * z) ** 3
-        ok = (v > 0) & (jnp.log(u) < 0.5 * z * z + d - d * v + d * jnp.log(jnp.where(v > 0, v, 1.0)))
-        first = jnp.argmax(ok, axis=0)
-        logv = jnp.log(jnp.where(v > 0, v, 1.0))
-        return jnp.any(ok, axis=0), jnp.take_along_axis(logv, first[None], axis=0)[0]
-
-    k0, k_boost, k_loop = jax.random.split(key, 3)
-    done, logv = candidates(k0)
-
-    def cond(carry):
-        return ~jnp.all(carry[0])
-
-    def body(carry):
-        done, logv, i = carry
-        ok, lv = candidates(jax.random.fold_in(k_loop, i))
-        return done | ok, jnp.where(done, logv, lv), i + 1
-
-    done, logv, _ = lax.while_loop(cond, body, (done, logv, jnp.int32(0)))
-    out = jnp.log(d) + logv
-    u = jax.random.uniform(k_boost, a.shape, dtype, minval=tiny, maxval=1.0)
-    return jnp.where(boost, out + jnp.log(u) / jnp.where(a > 0, a, 1.0), out)
-
-
-def _log_beta_pair(key, a, b):
-    """``(log u, log(1 − u))`` for ``u ~ Beta(a, b)`` through log-Gamma draws (stable for tiny a, b)."""
-    ab = jnp.stack([a, b])
-    g = _loggamma(key, jnp.where(ab > 0, ab, 1.0))
-    g = jnp.where(ab > 0, g, -jnp.inf)
-    ga, gb = g[0], g[1]
-    tot = jnp.logaddexp(ga, gb)
-    return ga - tot, gb - tot
-
-
 def _log_dirichlet(key, log_conc):
     """``log`` of ``Dir(exp(log_conc))`` along the last axis; ``−inf`` entries stay zero weight."""
-    conc = jnp.exp(log_conc)
-    lg = _loggamma(key, jnp.where(conc > 0, conc, 1.0))
-    lg = jnp.where(conc > 0, lg, -jnp.inf)
-    return lg - logsumexp(lg, axis=-1, keepdims=True)
+    return log_dirichlet(key, jnp.exp(log_conc))
 
 
 def _full_path(row):
@@ -427,7 +372,7 @@ def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConf
             root = level == 0
             a = jnp.where(root, 1.0, gamma * jnp.exp(lb[p, j]) + extra)
             b = jnp.where(root, gamma0, gamma * jnp.exp(lb[p, K]))
-            lu, l1mu = _log_beta_pair(jax.random.fold_in(k_split, level), a, b)
+            lu, l1mu = log_beta_pair(jax.random.fold_in(k_split, level), a, b)
             new_j = jnp.where(at, lb[:, K] + lu, lb[:, j])
             new_rest = jnp.where(at, lb[:, K] + l1mu, lb[:, K])
             return lb.at[:, j].set(new_j).at[:, K].set(new_rest)

@@ -65,6 +65,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import gammaln
 
+from ..._random import cut, log_dirichlet_from_uniform, loggamma_uniforms, sizes, uniform
 from ..._validation import check_int, check_real
 from .clusters import ClusterState, PartitionState
 from .moves import MHInfo, Move
@@ -147,15 +148,25 @@ def point_noise(key: jax.Array, num_points: int, num_launch_sweeps: int, dtype=N
 
 def _categorical_from_uniform(logits: jax.Array, u: jax.Array) -> jax.Array:
     """Inverse-CDF draw of one index per row of ``logits`` (``-inf`` = impossible) from
-    one uniform per row; never returns an impossible index."""
+    one uniform per row; never returns an impossible index.
+
+    The running sum goes column by column in an unrolled loop: XLA's ``cumsum`` on a CPU
+    is a ``reduce-window`` several times slower than these fused adds."""
+    n, K = logits.shape
     m = jnp.max(logits, axis=-1, keepdims=True)
     w = jnp.exp(logits - m)
-    c = jnp.cumsum(w, axis=-1)
-    t = u * c[:, -1]
-    idx = jnp.sum(c <= t[:, None], axis=-1)
-    possible = jnp.isfinite(logits)
-    last = logits.shape[-1] - 1 - jnp.argmax(possible[:, ::-1], axis=-1)
-    return jnp.minimum(idx, last).astype(jnp.int32)
+    t = u * jnp.sum(w, axis=-1)
+
+    def column(j, carry):
+        acc, idx, last = carry
+        acc = acc + lax.dynamic_index_in_dim(w, j, axis=1, keepdims=False)
+        possible = jnp.isfinite(lax.dynamic_index_in_dim(logits, j, axis=1, keepdims=False))
+        return acc, idx + (acc <= t).astype(jnp.int32), jnp.where(possible, j, last)
+
+    zero = jnp.zeros(n, jnp.int32)
+    _, idx, last = lax.fori_loop(0, K, column, (jnp.zeros(n, w.dtype), zero, zero),
+                                 unroll=True if K <= 256 else 16)
+    return jnp.minimum(idx, last)
 
 
 def _dirichlet_shape(measure, C: int, dtype):
@@ -193,6 +204,38 @@ def _segment_stats(point_stats, ids, num, axis_name):
     return _psum((counts, stats), axis_name)
 
 
+class _IterationRandomness:
+    """Every per-cluster random number of one iteration, from one uniform draw (on a CPU each
+    ``jax.random`` call costs a loop of small operations, whatever its size): the label
+    blocks' uniforms (``blocks``), the pairs' orientation and acceptance uniforms, the label
+    step's weights (``w``) and parameters (``theta``), the anchors' parameters, then one block
+    per launch step (:meth:`launch`: sub-weights, sub-parameters). The ``k_*`` keys feed
+    only the Gamma draws' rare rejection redraws (``jaxbnp._random``), ``k_match`` the slot
+    matching. ``stats``: any statistics with the ``capacity`` leading axis."""
+
+    def __init__(self, key, family, stats, capacity: int, num_launch_sweeps: int, dtype):
+        C, T, B = capacity, num_launch_sweeps, LABEL_BLOCKS
+        P, Ph = C // 2, (C + 1) // 2  # pairs; Dirichlet pairs of sub-clusters (odd C: one pad)
+        keys = jax.random.split(key, 5 + 2 * (T + 1))
+        k_unif, self.k_match, self.k_w, self.k_theta, self.k_anchor = keys[:5]
+        self._launch_keys = keys[5:].reshape(T + 1, 2)
+        param_shapes, _ = family.param_uniforms(stats)
+        head = [(B,), (P,), (P,), loggamma_uniforms((C,))] + param_shapes + param_shapes
+        self._launch_shapes = [loggamma_uniforms((Ph, 2))] + param_shapes
+        self._head_size, self._launch_size = sum(sizes(head)), sum(sizes(self._launch_shapes))
+        self._flat = uniform(k_unif, (self._head_size + (T + 1) * self._launch_size,), dtype)
+        self.blocks, self.orient, self.accept, self.w, *rest = cut(self._flat[:self._head_size], head)
+        self.theta, self.anchor = rest[:len(param_shapes)], rest[len(param_shapes):]
+
+    def launch(self, t):
+        """Launch step ``t``'s uniforms and redraw keys: ``(u_sub_weights, u_sub_params,
+        key_sub_weights, key_sub_params)``."""
+        block = lax.dynamic_slice_in_dim(self._flat, self._head_size + t * self._launch_size,
+                                         self._launch_size)
+        u_sw, *u_sp = cut(block, self._launch_shapes)
+        return u_sw, u_sp, self._launch_keys[t, 0], self._launch_keys[t, 1]
+
+
 def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
               num_launch_sweeps: int, sharpness: float = DEFAULT_SHARPNESS, axis_name=None,
               totals=None):
@@ -216,7 +259,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     P = C // 2
     labels = labels.astype(jnp.int32)
     dtype = jnp.result_type(X.dtype, float)
-    k_w, k_theta, k_lab, k_match, k_orient, k_accept, k_launch = jax.random.split(key, 7)
+    B = LABEL_BLOCKS
 
     def masked(ids):
         return jnp.where(valid, ids, C)
@@ -224,33 +267,38 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     ps = family.point_stats(X)
     counts, stats = _segment_stats(ps, masked(labels), C, axis_name) if totals is None else totals
 
+    rng = _IterationRandomness(key, family, stats, C, T, dtype)
+    u_blocks, u_orient, u_accept = rng.blocks, rng.orient, rng.accept
+    k_match = rng.k_match
+
     # 1. labels: weights over every slot, parameters, then every label at once (§7): the
     #    blocked Gibbs step of a C-slot symmetric Dirichlet mixture, corrected to the
     #    measure's partition law by Metropolis-Hastings (clusters may empty or open)
     a = _dirichlet_shape(measure, C, dtype)
-    log_g = jax.random.loggamma(k_w, (counts + a).astype(dtype), dtype=dtype)
-    log_w = log_g - jax.nn.logsumexp(log_g)
-    params = family.sample_params(k_theta, stats)
+    log_w = log_dirichlet_from_uniform(rng.w, (counts + a).astype(dtype), rng.k_w)
+    params = family.sample_params_from_uniform(rng.theta, stats, rng.k_theta)
     logits = family.log_likelihood(X, params) + log_w
     proposal = _categorical_from_uniform(logits, noise[:, 0])
     # the points fall in LABEL_BLOCKS random blocks; each block's proposal is accepted or
     # not in turn (with w and θ held, each is a valid MH step): a cluster that the proposal
     # would close then blocks one block, not every label
-    B = LABEL_BLOCKS
     block = jnp.minimum((noise[:, T + 3] * B).astype(jnp.int32), B - 1)
     ones = jnp.where(valid, 1, 0).astype(jnp.int32)
     delta = _psum(
         jax.ops.segment_sum(ones, block * C + proposal, num_segments=B * C)
         - jax.ops.segment_sum(ones, block * C + labels, num_segments=B * C), axis_name).reshape(B, C)
-    log_u_blocks = jnp.log(jax.random.uniform(k_lab, (B,), dtype))
+    log_u_blocks = jnp.log(u_blocks)
 
-    def block_step(c, inp):
+    def block_step(carry, inp):
+        c, corr = carry  # the counts and their log correction
         d, lu = inp
         c_new = c + d
-        ok = lu < _log_correction(measure, c_new, a) - _log_correction(measure, c, a)
-        return jnp.where(ok, c_new, c), ok
+        corr_new = _log_correction(measure, c_new, a)
+        ok = lu < corr_new - corr
+        return (jnp.where(ok, c_new, c), jnp.where(ok, corr_new, corr)), ok
 
-    counts, block_ok = lax.scan(block_step, counts, (delta, log_u_blocks))
+    (counts, _), block_ok = lax.scan(block_step, (counts, _log_correction(measure, counts, a)),
+                                     (delta, log_u_blocks))
     labels = jnp.where(block_ok[block], proposal, labels)
     labels_ok = jnp.mean(block_ok.astype(dtype))
     counts, stats = _segment_stats(ps, masked(labels), C, axis_name)
@@ -266,23 +314,22 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     pid0 = jnp.maximum(pid, 0)
     cols = jnp.stack([2 * pid0, 2 * pid0 + 1], axis=-1)
 
-    def launch_params(k, h):
-        """Sub-cluster weights and parameters given sub-labels ``h``, and every point's
-        log-probabilities of its two sub-clusters."""
-        k_sw, k_sp = jax.random.split(k)
+    def launch_params(t, h):
+        """Launch step ``t``'s sub-cluster weights and parameters given sub-labels ``h``, and
+        every point's log-odds of its second sub-cluster against its first."""
+        u_sw, u_sp, k_sw, k_sp = rng.launch(t)
         sub_counts, sub_stats = _segment_stats(ps, jnp.where(in_pair, 2 * pid0 + h, C), C, axis_name)
-        lg = jax.random.loggamma(k_sw, (sub_counts + 1).astype(dtype), dtype=dtype)
-        lg = lg.reshape(-1, 2) if C % 2 == 0 else jnp.concatenate([lg, jnp.zeros(1, dtype)]).reshape(-1, 2)
-        sub_lw = (lg - jax.nn.logsumexp(lg, axis=-1, keepdims=True)).reshape(-1)[:C]
-        sub_params = family.sample_params(k_sp, sub_stats)
+        sc = (sub_counts + 1).astype(dtype)
+        sc = sc.reshape(-1, 2) if C % 2 == 0 else jnp.concatenate([sc, jnp.ones(1, dtype)]).reshape(-1, 2)
+        sub_lw = log_dirichlet_from_uniform(u_sw, sc, k_sw).reshape(-1)[:C]
+        sub_params = family.sample_params_from_uniform(u_sp, sub_stats, k_sp)
         ll = family.log_likelihood_at(X, sub_params, cols) + sub_lw[cols]
-        lp = jax.nn.log_softmax(ll, axis=-1)
-        return sub_lw, sub_params, lp
+        return sub_lw, sub_params, ll[:, 1] - ll[:, 0]
 
-    def draw(lp, u):
-        return (u < jnp.exp(lp[:, 1])).astype(jnp.int32)
+    def draw(logit, u):
+        """Sub-label 1 with probability ``sigmoid(logit)``."""
+        return (u < jax.nn.sigmoid(logit)).astype(jnp.int32)
 
-    launch_keys = jax.random.split(k_launch, T + 2)
     # the launch starts from two anchors of each pair's union: its points of smallest and
     # largest uniform (a law that depends on the union only); each point goes to the
     # sub-cluster whose parameters, drawn given its anchor alone, explain it better
@@ -294,18 +341,20 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     anchor = jnp.where(in_pair & (noise[:, 1] == lo[pid0]), 0,
                        jnp.where(in_pair & (noise[:, 1] == hi[pid0]), 1, -1))
     _, anchor_stats = _segment_stats(ps, jnp.where(anchor >= 0, 2 * pid0 + anchor, C), C, axis_name)
-    anchor_params = family.sample_params(launch_keys[T + 1], anchor_stats)
+    anchor_params = family.sample_params_from_uniform(rng.anchor, anchor_stats, rng.k_anchor)
     ll0 = family.log_likelihood_at(X, anchor_params, cols)
     h = jnp.where(anchor >= 0, anchor, jnp.argmax(ll0, axis=-1)).astype(jnp.int32)
 
     def sweep(t, h):
-        _, _, lp = launch_params(launch_keys[t], h)
-        return draw(lp, lax.dynamic_index_in_dim(noise, 2 + t, axis=1, keepdims=False))
+        _, _, logit = launch_params(t, h)
+        return draw(logit, lax.dynamic_index_in_dim(noise, 2 + t, axis=1, keepdims=False))
 
     h = lax.fori_loop(0, T, sweep, h)
-    sub_lw, sub_params, lp = launch_params(launch_keys[T], h)
-    lp = jax.nn.log_softmax(sharpness * lp, axis=-1)
-    zbar = draw(lp, noise[:, T + 2])
+    sub_lw, sub_params, logit = launch_params(T, h)
+    # the split proposal: the launch's probabilities to the power ``sharpness``, renormalised
+    logit = sharpness * logit
+    zbar = draw(logit, noise[:, T + 2])
+    lp = jnp.stack([-jax.nn.softplus(logit), -jax.nn.softplus(-logit)], axis=-1)
 
     act_a, act_b = active[a_slot], active[b_slot]
     split_pair = act_a != act_b
@@ -324,31 +373,34 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     union_stats = jax.tree.map(lambda s: s.reshape((P, 2) + s.shape[1:]).sum(1), part_stats)
     log_union = family.log_marginal(union_stats)
     part_counts = part_counts.reshape(P, 2)
-    orient = jax.random.bernoulli(k_orient, 0.5, (P,))
-    log_u = jnp.log(jax.random.uniform(k_accept, (P,), dtype))
+    orient = u_orient < 0.5
+    log_u = jnp.log(u_accept)
 
     def decide(carry, inp):
-        c, k = carry
+        c, k, eppf = carry  # the counts, the number of clusters and log EPPF(c)
         a, b, is_split, is_merge, n0, n1, lp0, lp1, lpu, lq, o, lu = inp
         l_slot, r_slot = jnp.where(o, b, a), jnp.where(o, a, b)
-        c_split = c.at[l_slot].set(n0).at[r_slot].set(n1)
-        c_merge = c.at[a].set(0).at[b].set(0).at[l_slot].set(n0 + n1)
-        eppf = measure.log_eppf(c)
-        r_split = (measure.log_eppf(c_split) - eppf + lp0 + lp1 - lpu
+        # a split writes the two parts into the pair's slots, a merge the union into l_slot
+        c_new = c.at[a].set(0).at[b].set(0).at[l_slot].set(jnp.where(is_split, n0, n0 + n1))
+        c_new = c_new.at[r_slot].add(jnp.where(is_split, n1, 0))
+        eppf_new = measure.log_eppf(c_new)
+        r_split = (eppf_new - eppf + lp0 + lp1 - lpu
                    - jnp.log(jnp.maximum(C - k, 1).astype(dtype)) - lq)
-        r_merge = (measure.log_eppf(c_merge) - eppf + lpu - lp0 - lp1
+        r_merge = (eppf_new - eppf + lpu - lp0 - lp1
                    + jnp.log((C - k + 1).astype(dtype)) + lq)
         proposed = (is_split & (n0 > 0) & (n1 > 0)) | is_merge
         log_r = jnp.where(is_split, r_split, r_merge)
         acc = proposed & (lu < log_r)
-        c = jnp.where(acc, jnp.where(is_split, c_split, c_merge), c)
+        c = jnp.where(acc, c_new, c)
         k = k + jnp.where(acc, jnp.where(is_split, 1, -1), 0)
-        return (c, k), (acc, proposed, jnp.where(proposed, jnp.minimum(log_r, 0.0), 0.0), l_slot, r_slot)
+        eppf = jnp.where(acc, eppf_new, eppf)
+        return (c, k, eppf), (acc, proposed, jnp.where(proposed, jnp.minimum(log_r, 0.0), 0.0),
+                              l_slot, r_slot)
 
     inputs = (a_slot, b_slot, split_pair, merge_pair, part_counts[:, 0], part_counts[:, 1],
               log_part[:, 0], log_part[:, 1], log_union, log_q, orient, log_u)
     _, (acc, proposed, log_acc, l_slot, r_slot) = lax.scan(
-        decide, (counts, num_active.astype(jnp.int32)), inputs)
+        decide, (counts, num_active.astype(jnp.int32), measure.log_eppf(counts)), inputs)
     acc_split, acc_merge = acc & split_pair, acc & merge_pair
     new_slot = jnp.where(
         acc_split[pid0], jnp.where(side == 0, l_slot[pid0], r_slot[pid0]),

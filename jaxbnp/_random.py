@@ -1,0 +1,154 @@
+"""Gamma, Dirichlet, Beta and normal variates from one uniform draw per call.
+
+On a CPU, every ``jax.random`` call is a threefry hash that XLA runs as a rolled
+loop of small operations, and ``jax.random.gamma`` adds a rejection ``while``
+loop on top; each small operation costs about a microsecond however small its
+arrays. Samplers that draw a few per-cluster parameters many times per
+iteration (the sub-cluster sampler, BHMC) spent most of their time there.
+
+The helpers here make one ``jax.random.uniform`` call per draw and transform it:
+
+* :func:`normal_from_uniform`: ``√2 · erfinv(2u − 1)`` (what ``jax.random.normal``
+  does with its own uniforms).
+* :func:`loggamma`: Marsaglia-Tsang with ``rounds`` candidates per entry drawn at
+  once, the first accepted one kept; an entry with none accepted (probability
+  below ``0.05 ** rounds``) is redrawn from fresh keys in a ``while`` loop that
+  runs no trip otherwise, so the law is exact. ``a < 1`` is boosted:
+  ``log G = log G' + log(U) / a`` with ``G' ~ Gamma(a + 1)``.
+* :func:`split_uniform` / :func:`cut`: one uniform draw cut into several arrays, so a
+  caller can draw the uniforms of many variates at once and pass them to the
+  ``*_from_uniform`` functions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+#: candidates per Gamma entry drawn at once
+ROUNDS = 2
+
+
+def uniform(key, shape, dtype):
+    """Uniforms in ``(0, 1)`` (never 0, so ``log u`` is finite)."""
+    return jax.random.uniform(key, shape, dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
+
+
+def normal_from_uniform(u):
+    """Standard normals from uniforms in ``(0, 1)``."""
+    return jnp.sqrt(2.0).astype(u.dtype) * lax.erf_inv(2.0 * u - 1.0)
+
+
+def sizes(shapes) -> list:
+    """The number of entries of each shape."""
+    return [math.prod(s) for s in shapes]
+
+
+def cut(flat, shapes):
+    """A flat vector cut into arrays of the given ``shapes`` (in order)."""
+    out, start = [], 0
+    for s, size in zip(shapes, sizes(shapes)):
+        out.append(lax.slice_in_dim(flat, start, start + size).reshape(s))
+        start += size
+    return out
+
+
+def split_uniform(key, shapes, dtype):
+    """One uniform draw in ``(0, 1)``, cut into arrays of the given ``shapes``."""
+    return cut(uniform(key, (sum(sizes(shapes)),), dtype), shapes)
+
+
+def loggamma_uniforms(shape) -> tuple:
+    """The shape of the uniforms :func:`loggamma_from_uniform` takes for Gamma variates of
+    ``shape``."""
+    return (2 * ROUNDS + 1,) + tuple(shape)
+
+
+def loggamma_from_uniform(u, a, key):
+    """``log G`` for ``G ~ Gamma(a, 1)`` elementwise from uniforms ``u`` of shape
+    :func:`loggamma_uniforms`; ``key`` (independent of ``u``) only feeds the redraws of
+    entries whose ``ROUNDS`` candidates were all rejected."""
+    a = jnp.asarray(a, u.dtype)
+    dtype = u.dtype
+    boost = a < 1.0
+    d = jnp.where(boost, a + 1.0, a) - 1.0 / 3.0
+    cc = 1.0 / jnp.sqrt(9.0 * d)
+
+    def candidates(z, w):
+        v = (1.0 + cc * z) ** 3
+        logv = jnp.log(jnp.where(v > 0, v, 1.0))
+        ok = (v > 0) & (jnp.log(w) < 0.5 * z * z + d - d * v + d * logv)
+        first = jnp.argmax(ok, axis=0)
+        return jnp.any(ok, axis=0), jnp.take_along_axis(logv, first[None], axis=0)[0]
+
+    done, logv = candidates(normal_from_uniform(u[:ROUNDS]), u[ROUNDS:2 * ROUNDS])
+
+    def cond(carry):
+        return ~jnp.all(carry[0])
+
+    def body(carry):
+        done, logv, i = carry
+        r = uniform(jax.random.fold_in(key, i), (2 * ROUNDS,) + a.shape, dtype)
+        ok, lv = candidates(normal_from_uniform(r[:ROUNDS]), r[ROUNDS:])
+        return done | ok, jnp.where(done, logv, lv), i + 1
+
+    done, logv, _ = lax.while_loop(cond, body, (done, logv, jnp.int32(0)))
+    out = jnp.log(d) + logv
+    return jnp.where(boost, out + jnp.log(u[2 * ROUNDS]) / jnp.where(a > 0, a, 1.0), out)
+
+
+def loggamma(key, a):
+    """``log G`` for ``G ~ Gamma(a, 1)``, elementwise and exact, in ``a``'s (float) dtype."""
+    a = jnp.asarray(a)
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        a = a.astype(jnp.result_type(float))
+    k_u, k_redraw = jax.random.split(key)
+    return loggamma_from_uniform(uniform(k_u, loggamma_uniforms(a.shape), a.dtype), a, k_redraw)
+
+
+def gamma(key, a):
+    """``G ~ Gamma(a, 1)`` elementwise: ``exp`` of :func:`loggamma`."""
+    return jnp.exp(loggamma(key, a))
+
+
+def log_dirichlet_from_uniform(u, alpha, key):
+    """:func:`log_dirichlet` from uniforms ``u`` of shape ``loggamma_uniforms(alpha.shape)``
+    (``key``: the redraws, as in :func:`loggamma_from_uniform`)."""
+    alpha = jnp.asarray(alpha, u.dtype)
+    g = loggamma_from_uniform(u, jnp.where(alpha > 0, alpha, 1.0), key)
+    g = jnp.where(alpha > 0, g, -jnp.inf)
+    return g - jax.nn.logsumexp(g, axis=-1, keepdims=True)
+
+
+def log_dirichlet(key, alpha):
+    """``log θ`` for ``θ ~ Dir(alpha)`` along the last axis (normalised log-Gamma draws:
+    stable for tiny concentrations); an entry with ``alpha = 0`` gets ``θ = 0``."""
+    alpha = jnp.asarray(alpha)
+    if not jnp.issubdtype(alpha.dtype, jnp.floating):
+        alpha = alpha.astype(jnp.result_type(float))
+    k_u, k_redraw = jax.random.split(key)
+    return log_dirichlet_from_uniform(uniform(k_u, loggamma_uniforms(alpha.shape), alpha.dtype), alpha,
+                                      k_redraw)
+
+
+def log_beta_pair_from_uniform(u, a, b, key):
+    """:func:`log_beta_pair` from uniforms ``u`` of shape ``loggamma_uniforms((2,) + shape)``."""
+    ab = jnp.stack(jnp.broadcast_arrays(jnp.asarray(a, u.dtype), jnp.asarray(b, u.dtype)))
+    g = loggamma_from_uniform(u, jnp.where(ab > 0, ab, 1.0), key)
+    g = jnp.where(ab > 0, g, -jnp.inf)
+    tot = jnp.logaddexp(g[0], g[1])
+    return g[0] - tot, g[1] - tot
+
+
+def log_beta_pair(key, a, b):
+    """``(log u, log(1 − u))`` for ``u ~ Beta(a, b)`` elementwise (log-Gamma draws: stable
+    for tiny ``a``, ``b``); ``a = 0`` gives ``u = 0`` and ``b = 0`` gives ``u = 1``."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    dtype = jnp.result_type(a, b, float)
+    shape = (2,) + jnp.broadcast_shapes(a.shape, b.shape)
+    k_u, k_redraw = jax.random.split(key)
+    return log_beta_pair_from_uniform(uniform(k_u, loggamma_uniforms(shape), dtype), a, b,
+                                      k_redraw)

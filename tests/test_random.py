@@ -1,0 +1,77 @@
+"""``jaxbnp._random``: Gamma, Dirichlet, Beta and normal variates from one uniform draw.
+
+Each law is checked by a Kolmogorov-Smirnov test against SciPy's distribution, with a
+power check (the same test rejects a slightly different law), including the Gamma
+sampler's redraw loop, which the usual draws almost never enter.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxbnp import _random
+
+N = 20_000
+P_MIN = 1e-3
+
+
+def _ks(x, cdf):
+    return stats.kstest(np.asarray(x, np.float64).ravel(), cdf).pvalue
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("a", [0.05, 0.7, 1.0, 4.5, 200.0])
+def test_loggamma_is_the_log_of_a_gamma_variate(a, dtype):
+    g = _random.loggamma(jax.random.key(1), jnp.full((N,), a, dtype))
+    assert g.dtype == dtype and g.shape == (N,)
+    g = np.asarray(g, np.float64)
+    assert np.all(np.isfinite(g))
+    assert _ks(g, lambda x: stats.gamma(a).cdf(np.exp(x))) > P_MIN
+    # power: a 5% larger shape is rejected
+    assert _ks(g, lambda x: stats.gamma(1.05 * a).cdf(np.exp(x))) < P_MIN
+
+
+def test_loggamma_redraws_entries_whose_candidates_were_all_rejected():
+    """Uniforms that make every candidate fail (a normal of 1.28 and an acceptance uniform
+    next to 1) leave every entry to the redraw loop, whose draws must be Gamma too."""
+    a = jnp.full((N,), 2.5)
+    rounds = _random.ROUNDS
+    u = jnp.concatenate([jnp.full((rounds, N), 0.9), jnp.full((rounds + 1, N), 1.0 - 1e-12)])
+    assert u.shape == _random.loggamma_uniforms(a.shape)
+    g = np.asarray(_random.loggamma_from_uniform(u, a, jax.random.key(4)))
+    assert np.unique(g).size > N // 2  # not the rejected candidate's value
+    assert _ks(g, lambda x: stats.gamma(2.5).cdf(np.exp(x))) > P_MIN
+    assert _ks(g, lambda x: stats.gamma(2.7).cdf(np.exp(x))) < P_MIN
+
+
+def test_log_dirichlet_and_zero_concentrations():
+    alpha = jnp.array([0.3, 0.0, 2.0, 5.0])
+    lw = np.asarray(_random.log_dirichlet(jax.random.key(2), jnp.broadcast_to(alpha, (N, 4))))
+    w = np.exp(lw)
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-10)
+    assert np.all(w[:, 1] == 0.0)
+    # marginals are Beta(alpha_j, sum - alpha_j)
+    for j in (0, 2, 3):
+        assert _ks(w[:, j], stats.beta(alpha[j], 7.3 - alpha[j]).cdf) > P_MIN
+    assert _ks(w[:, 3], stats.beta(5.3, 7.3 - 5.3).cdf) < P_MIN
+
+
+def test_log_beta_pair():
+    lu, l1mu = _random.log_beta_pair(jax.random.key(3), jnp.full((N,), 0.4), 1.7)
+    u = np.exp(np.asarray(lu))
+    np.testing.assert_allclose(u + np.exp(np.asarray(l1mu)), 1.0, rtol=1e-10)
+    assert _ks(u, stats.beta(0.4, 1.7).cdf) > P_MIN
+    assert _ks(u, stats.beta(0.45, 1.7).cdf) < P_MIN
+    lu0, _ = _random.log_beta_pair(jax.random.key(3), jnp.zeros(3), 1.0)
+    assert np.all(np.asarray(lu0) == -np.inf)
+
+
+def test_normal_from_uniform_and_cut():
+    z = _random.normal_from_uniform(_random.uniform(jax.random.key(5), (N,), jnp.float64))
+    assert _ks(z, stats.norm.cdf) > P_MIN
+    assert _ks(z, stats.norm(0.05).cdf) < P_MIN
+    a, b = _random.cut(jnp.arange(10.0), [(2, 3), (4,)])
+    np.testing.assert_array_equal(a, [[0, 1, 2], [3, 4, 5]])
+    np.testing.assert_array_equal(b, [6, 7, 8, 9])
