@@ -12,8 +12,8 @@ large ones and caps each method at 20 s so that the script takes a few minutes o
   ``DP(100)`` and ``NormalWishart(m0=0, r=1, nu=4, psi=I)``. 100 iterations from one
   cluster (collapsed Gibbs: 100 sweeps), through
   :func:`jaxbnp.inference.runner.run` with a ``cache_key``: the first call compiles (and
-  doubles a capacity that runs out), the second call with the same shapes is timed (the
-  runner keeps its compiled programs; ``numpyro.infer.MCMC`` traces and compiles its loop
+  doubles a capacity that runs out), then up to five calls with the same shapes are timed
+  (fewer once they add up to 30 s) and the median is reported (the runner keeps its compiled programs; ``numpyro.infer.MCMC`` traces and compiles its loop
   again on every ``run``, measured in the row "NumPyro MCMC, second run"). NMI of the
   last draw against the truth. The issue's targets: <= 0.3 s and NMI >= 0.97.
 * ``dpmm_dp1``: the same data with ``DP(1)`` and ``NormalWishart.from_data`` (the
@@ -60,22 +60,25 @@ cache is off here (``jaxbnp.enable_compilation_cache(False)``; ``MAPDP`` would t
 on), so every first call compiles.
 
 Cost of a SubClusterMCMC iteration (``subcluster_cost``): with ``T = num_launch_sweeps``
-an iteration scores ``L = T + 2`` matrices of ``(n, C)`` log-likelihoods (the label step,
-``T`` launch sweeps and the final launch) and sums per-point statistics by slot
-``S = T + 5`` times (current and proposed labels, ``T + 1`` launches, the split parts, the
-new labels). Per matrix entry ``f = 2 (D^2 + D) + 8`` flops for NormalWishart (the
-expanded quadratic form: ``(n, D^2) @ (D^2, C)`` and ``(n, D) @ (D, C)``) and
-``f = 4 D + 8`` for NormalGamma (two ``(n, D) @ (D, C)`` products); 8 for the weights,
-the exponential and the inverse-CDF draw. Statistics per point ``s = 1 + D + D^2``
+an iteration scores the label step's ``(n, C)`` log-likelihood matrix and, for the launch
+(anchors, ``T`` sweeps, the final step), ``T + 2`` more: full ``(n, C)`` matrices for
+NormalWishart (its ``log_likelihood_at`` takes columns of the full matrix) and ``(n, 2)``
+gathered ones for NormalGamma. It sums per-point statistics by slot ``S = T + 5`` times
+(current and proposed labels, ``T + 1`` launches, the split parts, the new labels). Per
+matrix entry ``f = 2 (D^2 + D + 1) + 8`` flops for NormalWishart (one product
+``[x x^T, x, 1] @ [-Λ/2, Λμ, c]^T``) and ``f = 2 (2 D + 1) + 8`` for NormalGamma
+(``[x^2, x, 1]``), 8 for the weights, the exponential and the inverse-CDF draw; a gathered
+NormalGamma entry costs ``3 D + 2``. Statistics per point ``s = 1 + D + D^2``
 (NormalWishart) or ``1 + 2 D`` (NormalGamma).
 
-    flops/iteration ~ L n C f + S n s
-    bytes/iteration ~ L (n b_x + 2 * 4 n C) + S * 4 n (s + 1)
+    flops/iteration ~ L n C f + G n 2 g + S n s
+    bytes/iteration ~ (L + G) n b_x + 8 n (L C + 2 G) + S * 4 n (s + 1)
 
-with ``b_x = 4 (D + 2 D^2)`` (NormalWishart: X read, the ``x x^T`` features written and
-read) or ``4 (D + 2 D)`` (NormalGamma: X and ``X * X``), float32, the likelihood matrix
-written and read once. An estimate of the work, not a measurement; "achieved" rates are
-these figures over the measured seconds per iteration.
+with ``L = T + 3, G = 0`` (NormalWishart) or ``L = 1, G = T + 2, g = 3 D + 2``
+(NormalGamma), ``b_x = 4 (D + 2 D^2)`` (NormalWishart: X read, the ``x x^T`` features
+written and read) or ``4 (D + 2 D)`` (NormalGamma), float32, each likelihood matrix written
+and read once. An estimate of the work, not a measurement; "achieved" rates are these
+figures over the measured seconds per iteration.
 
 Usage::
 
@@ -109,6 +112,8 @@ TARGET_DPMM_NMI = 0.97
 TARGET_NMI = 0.95
 DEFAULT_CAP_S = 120.0
 QUICK_CAP_S = 20.0
+REPEATS = 5  # timed calls of a fixed-iteration run (median reported)
+REPEAT_BUDGET_S = 30.0  # stop repeating once the timed calls took this long
 
 SETTINGS = {
     # n (full and quick), D, K, covariances, mixture weights, jaxbnp family and prior, DP
@@ -209,17 +214,21 @@ def crp_labels(n: int, alpha: float, seed: int) -> np.ndarray:
 
 def subcluster_cost(n: int, C: int, D: int, T: int, family: str) -> dict:
     """Estimated flops and bytes of one SubClusterMCMC iteration (module docstring)."""
-    L, S = T + 2, T + 5
+    S = T + 5
     if family == "NormalWishart":
-        f, s, bx = 2 * (D * D + D) + 8, 1 + D + D * D, 4 * (D + 2 * D * D)
+        L, G, g = T + 3, 0, 0
+        f, s, bx = 2 * (D * D + D + 1) + 8, 1 + D + D * D, 4 * (D + 2 * D * D)
     else:
-        f, s, bx = 4 * D + 8, 1 + 2 * D, 4 * (D + 2 * D)
+        L, G, g = 1, T + 2, 3 * D + 2
+        f, s, bx = 2 * (2 * D + 1) + 8, 1 + 2 * D, 4 * (D + 2 * D)
     return {
-        "likelihood_matrices": L, "statistics_passes": S, "flops_per_entry": f,
-        "flops": float(L * n * C * f + S * n * s),
-        "bytes": float(L * (n * bx + 2 * 4 * n * C) + S * 4 * n * (s + 1)),
-        "formula": "flops = L n C f + S n s; bytes = L (n b_x + 8 n C) + 4 S n (s + 1); "
-                   "L = T + 2, S = T + 5",
+        "likelihood_matrices": L, "gathered_matrices": G, "statistics_passes": S,
+        "flops_per_entry": f,
+        "flops": float(L * n * C * f + G * n * 2 * g + S * n * s),
+        "bytes": float((L + G) * n * bx + 8 * n * (L * C + 2 * G) + S * 4 * n * (s + 1)),
+        "formula": "flops = L n C f + 2 G n g + S n s; bytes = (L + G) n b_x + 8 n (L C + 2 G) "
+                   "+ 4 S n (s + 1); S = T + 5; NormalWishart L = T + 3, G = 0; NormalGamma "
+                   "L = 1, G = T + 2",
     }
 
 
@@ -254,24 +263,28 @@ def _init_params(init: str, n: int, measure, seed: int):
 
 
 def fixed_iterations(method, X, y, measure, family, capacity, iterations, seed, init="one", tag=""):
-    """``runner.run`` twice with the same ``cache_key`` (``tag`` keeps settings of the same
-    shapes from sharing programs, so each first call compiles): the first call compiles,
-    the second is timed. NMI and K of every draw (a trace) and of the last."""
+    """``runner.run`` with the same ``cache_key`` (``tag`` keeps settings of the same shapes
+    from sharing programs, so each first call compiles): the first call compiles, then up to
+    ``REPEATS`` calls are timed (fewer when they take long) and the median is the time. NMI
+    and K of every draw (a trace) and of the last."""
     import jax
     import jax.numpy as jnp
 
     from jaxbnp.inference.runner import run
 
     args = (jnp.asarray(X), measure, family)
-    out = {}
-    for attempt in ("first", "second"):
+    out, times = {}, []
+    while len(times) < 1 + REPEATS and (len(times) < 2 or sum(times[1:]) < REPEAT_BUDGET_S):
         t0 = time.perf_counter()
         res = run(_kernel_factory(method), jax.random.key(seed), args, num_warmup=0,
                   num_samples=iterations, collect=_collect, capacity=capacity,
                   max_capacity=X.shape[0], cache_key=("bench-subcluster", tag, method, init),
                   init_params=_init_params(init, X.shape[0], measure, seed))
         jax.block_until_ready(res.samples)
-        out[f"time_{attempt}_call_s"] = time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
+    out["time_first_call_s"] = times[0]
+    out["timed_calls_s"] = times[1:]
+    out["time_second_call_s"] = float(np.median(times[1:]))
     labels = np.asarray(res.samples["labels"])[0]  # (iterations, n)
     trace_nmi = [nmi(y, lab) for lab in labels]
     trace_k = [int(np.unique(lab).size) for lab in labels]
@@ -519,7 +532,8 @@ def write_markdown(res, path):
         per = sc["seconds_per_iteration"]
         lines += ["", f"SubClusterMCMC cost per iteration (estimate, formula in the script; "
                   f"n = {cfg['n']:,}, C = {sc['capacity']}, D = {cfg['d']}, T = 3): "
-                  f"{c['likelihood_matrices']} (n, C) likelihood matrices, "
+                  f"{c['likelihood_matrices']} (n, C) and {c['gathered_matrices']} (n, 2) "
+                  f"likelihood matrices, "
                   f"{c['flops'] / 1e9:.3g} GFLOP and {c['bytes'] / 1e9:.3g} GB; measured "
                   f"{per * 1e3:.1f} ms per iteration: {c['flops'] / per / 1e9:.1f} GFLOP/s, "
                   f"{c['bytes'] / per / 1e9:.1f} GB/s achieved."]
@@ -572,8 +586,9 @@ def run_setting(name, cfg, args):
         "clusters_with_points": int(np.unique(y).size), "oracle_nmi": nmi(y, oracle),
         "bgm_covariance": bgm_cov, "bgm_components": 2 * cfg["k"], "cap_s": args.cap,
         "target_nmi": TARGET_DPMM_NMI if cfg["iterations"] else TARGET_NMI,
-        "protocol": (f"{cfg['iterations']} iterations from one cluster, second call of "
-                     "`runner.run` (compiled); NMI of the last draw." if cfg["iterations"] else
+        "protocol": (f"{cfg['iterations']} iterations from one cluster; median of up to "
+                     f"{REPEATS} compiled calls of `runner.run` after the first; NMI of the "
+                     "last draw." if cfg["iterations"] else
                      f"Iterations until the draw's NMI >= {TARGET_NMI} or the clock passes "
                      f"{args.cap:g} s (NMI computed off the clock)."),
     }}

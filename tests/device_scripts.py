@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -26,6 +27,13 @@ def device_env(num_devices: int) -> dict:
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (a ``jax.distributed`` coordinator's)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def last_json(stdout: str) -> dict:

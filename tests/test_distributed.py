@@ -9,7 +9,6 @@ each test below asserts one part of it.
 from __future__ import annotations
 
 import functools
-import socket
 import subprocess
 import sys
 
@@ -23,7 +22,7 @@ import jaxbnp as bnp
 from jaxbnp.inference import distributed, sharded
 from jaxbnp.inference.partition import mapdp
 
-from .device_scripts import REPO, background_fixture, device_env, last_json
+from .device_scripts import REPO, background_fixture, device_env, free_port, last_json
 
 # wine, standardised, with the prior of tests/test_mapdp.py: batched MAP-DP leaves the one-cluster start
 PRELUDE = """
@@ -149,16 +148,10 @@ def _in_memory_reference():
 
 
 # ----------------------------------------------------------------------------- two processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_over_loopback_psum_and_sharded_mapdp():
     """jax.distributed on CPU (gloo collectives): a psum across processes, and the sharded MAP-DP of
     2 processes x 2 devices equals the single-process batched fit (global blocks of 16)."""
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", LOOPBACK, str(i), str(port)], env=device_env(2),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
              for i in range(2)]

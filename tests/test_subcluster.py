@@ -4,6 +4,9 @@ states, bad input fails before compiling, a full capacity raises or grows, and t
 samples have the kernels' form. The exactness checks (enumeration) are in
 ``tests/exact/test_subcluster_exact.py``.
 
+Two processes joined by ``jax.distributed`` over loopback, the points sharded over both
+processes' devices, give the same draws too.
+
 The 8-device check runs in a subprocess (``XLA_FLAGS=--xla_force_host_platform_device_count=8``,
 float64; the main test process has 4 host devices), started when the module's first
 test starts so that it compiles while the other tests run; it prints one JSON object.
@@ -12,6 +15,8 @@ test starts so that it compiles while the other tests run; it prints one JSON ob
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 
 import chex
 import jax
@@ -25,7 +30,7 @@ import jaxbnp as bnp
 from jaxbnp.inference.partition import subcluster
 from jaxbnp.inference.runner import run
 
-from .device_scripts import background_fixture
+from .device_scripts import REPO, background_fixture, device_env, free_port, last_json
 from .test_kernel import NG, _data, dp_model, nggp_model
 
 EXTRA = ("log_joint", "num_clusters", "num_accepted", "num_proposed", "mean_log_accept")
@@ -80,6 +85,37 @@ print("JSON" + json.dumps(dict(iterations=iterations, kernel=kernel)))
 
 _eight_device_run = background_fixture(EIGHT_DEVICES)
 
+# two processes x 2 host devices over loopback jax.distributed: the kernel of EIGHT_DEVICES
+# (same data, model, key and lengths) on a mesh spanning both processes
+LOOPBACK = r'''
+import json, sys
+pid, port = int(sys.argv[1]), int(sys.argv[2])
+from jaxbnp.inference import distributed
+index, count = distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+import jax, jax.numpy as jnp, numpy as np, numpyro
+from numpyro.infer import MCMC
+import jaxbnp as bnp
+from jaxbnp.inference import sharded
+n, C = 203, 16
+rng = np.random.default_rng(0)
+centres = np.array([[-4.0, 0.0], [0.0, 4.0], [4.0, 0.0]])
+X = jnp.asarray(centres[np.arange(n) % 3] + rng.normal(size=(n, 2)))
+family = bnp.NormalGamma(np.zeros(2), 0.1, 2.0, np.ones(2))
+
+def model(X):
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    numpyro.sample("X", bnp.ConjugateMixture(family, z), obs=X)
+
+mesh = sharded.make_mesh()
+mc = MCMC(bnp.SubClusterMCMC(model, capacity=C, mesh=mesh), num_warmup=5, num_samples=10,
+          progress_bar=False)
+mc.run(jax.random.key(3), X)
+print("JSON" + json.dumps(dict(index=index, count=count, devices=jax.device_count(),
+                               local_devices=jax.local_device_count(),
+                               z=np.asarray(mc.get_samples()["z"]).tolist())), flush=True)
+jax.distributed.shutdown()
+'''
+
 
 @functools.cache
 def _mcmc(chain_method, chain_batching="auto"):
@@ -110,6 +146,29 @@ def test_sharded_kernel_gives_the_single_device_draws(_eight_device_run):
         assert kernel["mesh"][field] == value, field
     assert np.asarray(kernel["one"]["z"]).shape == (10, 203)
     assert max(kernel["one"]["num_clusters"]) >= 3
+
+
+def test_two_processes_give_the_single_device_draws(_eight_device_run):
+    """jax.distributed over loopback (gloo): 2 processes x 2 host devices, the points sharded
+    over all 4, give every process the single-device chain's draws."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", LOOPBACK, str(i), str(port)], env=device_env(2),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+             for i in range(2)]
+    outs = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=600)
+            assert p.returncode == 0, stderr[-4000:]
+            outs.append(last_json(stdout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    want = _eight_device_run.result["kernel"]["one"]["z"]
+    for i, o in enumerate(outs):
+        assert (o["index"], o["count"], o["devices"], o["local_devices"]) == (i, 2, 4, 2)
+        assert o["z"] == want
 
 
 # ----------------------------------------------------------------------------- draws

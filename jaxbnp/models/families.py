@@ -377,8 +377,10 @@ class NormalGamma(Family):
         mu, lam = params.mean, params.precision
         d = X.shape[-1]
         const = 0.5 * jnp.sum(jnp.log(lam), -1) - 0.5 * jnp.sum(lam * mu * mu, -1) - 0.5 * d * _LOG_2PI
-        quad = (X * X) @ lam.T - 2.0 * (X @ (lam * mu).T)
-        return const - 0.5 * quad
+        # one matrix product: [x², x, 1] against [−λ/2, λμ, const] (one pass over the output)
+        feats = jnp.concatenate([X * X, X, jnp.ones(X.shape[:-1] + (1,), X.dtype)], -1)
+        table = jnp.concatenate([-0.5 * lam, lam * mu, const[:, None]], -1)
+        return feats @ table.T.astype(feats.dtype)
 
     def log_likelihood_at(self, X, params, index):
         """:meth:`Family.log_likelihood_at` by gathering each point's components:
@@ -663,8 +665,10 @@ class NormalWishart(Family):
         Pmu = jnp.sum(P * mu[:, None, :], -1)  # (K, D)
         const = 0.5 * logdet - 0.5 * jnp.sum(Pmu * mu, -1) - 0.5 * d * _LOG_2PI
         xx = (X[:, :, None] * X[:, None, :]).reshape(n, d * d)
-        quad = xx @ P.reshape(k, d * d).T - 2.0 * (X @ Pmu.T)
-        return const - 0.5 * quad
+        # one matrix product: [x xᵀ, x, 1] against [−Λ/2, Λμ, const] (one pass over the output)
+        feats = jnp.concatenate([xx, X, jnp.ones((n, 1), X.dtype)], -1)
+        table = jnp.concatenate([-0.5 * P.reshape(k, d * d), Pmu, const[:, None]], -1)
+        return feats @ table.T.astype(feats.dtype)
 
     def validate_data(self, X):
         d = self.psi.shape[-1]
