@@ -162,7 +162,7 @@ def test_one_iteration_test_detects_a_wrong_target():
 
 
 # ----------------------------------------------------------------------------- 3. moves
-MOVE_CAPACITY, MOVE_SWEEPS, MOVE_N, MOVE_KEYS = 4, 3, 6, 512
+MOVE_CAPACITY, MOVE_SWEEPS, MOVE_N, MOVE_KEYS = 4, 3, 6, 256
 
 
 def _inverse_cdf(logits, u):
@@ -195,7 +195,7 @@ def _log_label_ratio_terms(measure, n, C, slot_factor=True):
 
 @pytest.mark.parametrize("measure", [bnp.DP(1.3), bnp.PitmanYor(0.5, 0.4)], ids=["DP", "PitmanYor"])
 def test_moves_match_their_metropolis_hastings_ratios(measure):
-    """512 iterations (one key each) from each of three states, rebuilt move by move from
+    """256 iterations (one key each) from each of three states, rebuilt move by move from
     the iteration's outputs (module docstring, check 3)."""
     C, T, n = MOVE_CAPACITY, MOVE_SWEEPS, MOVE_N
     X = jnp.asarray(_gaussian_data(n, seed=11))
@@ -297,6 +297,6 @@ def test_moves_match_their_metropolis_hastings_ratios(measure):
             final = other if info.mh.num_accepted[b] else mid
             assert canonical(new[b]) == canonical(final)
             checked[kind] += 1
-    assert min(checked.values()) >= 50, checked
+    assert min(checked.values()) >= 100, checked  # 256 keys: about 240 splits, 350 merges
     # every label step matched the right ratio's decisions; without the slot factor some differ
     assert label_checks == 3 * MOVE_KEYS and wrong_differs > 0, (label_checks, wrong_differs)
