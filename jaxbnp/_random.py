@@ -1,4 +1,5 @@
-"""Gamma, Dirichlet, Beta and normal variates from one uniform draw per call.
+"""Gamma, Dirichlet, Beta and normal variates from one uniform draw per call
+(docs/mathematics.md §2, "How the variates are drawn").
 
 On a CPU, every ``jax.random`` call is a threefry hash that XLA runs as a rolled
 loop of small operations, and ``jax.random.gamma`` adds a rejection ``while``

@@ -372,7 +372,8 @@ class NormalGamma(Family):
     def log_likelihood(self, X, params):
         """``log N(x_i | μ_k, diag(λ_k)⁻¹)``, shape ``(n, K)`` (docs/mathematics.md §2,
         "Instantiated parameters"). The quadratic form is expanded,
-        ``Σ_d λ_d (x_d² − 2 x_d μ_d + μ_d²)``, so every term is a matrix product."""
+        ``Σ_d λ_d (x_d² − 2 x_d μ_d + μ_d²)``, so the whole matrix is one product of the
+        features ``[x², x, 1]`` with the components' ``[−λ/2, λμ, const]``."""
         X = jnp.asarray(X)
         mu, lam = params.mean, params.precision
         d = X.shape[-1]
@@ -653,9 +654,9 @@ class NormalWishart(Family):
 
     def log_likelihood(self, X, params):
         """``log N(x_i | μ_k, Λ_k⁻¹)``, shape ``(n, K)`` (docs/mathematics.md §2, "Instantiated
-        parameters"). The quadratic form is expanded, ``xᵀΛx − 2 xᵀΛμ + μᵀΛμ``: the first term
-        is the product of the ``(n, D²)`` matrix of ``x xᵀ`` with the ``(D², K)`` matrix of the
-        ``Λ_k``, the second ``X (Λ_k μ_k)ᵀ``; ``log|Λ_k|`` by Cholesky."""
+        parameters"). The quadratic form is expanded, ``xᵀΛx − 2 xᵀΛμ + μᵀΛμ``, so the whole
+        matrix is one product of the ``(n, D² + D + 1)`` features ``[x xᵀ, x, 1]`` with the
+        components' ``[−Λ/2, Λμ, const]``; ``log|Λ_k|`` by Cholesky."""
         X = jnp.asarray(X)
         mu, P = params.mean, params.precision
         n, d = X.shape
