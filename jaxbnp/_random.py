@@ -11,7 +11,7 @@ The helpers here make one ``jax.random.uniform`` call per draw and transform it:
 
 * :func:`normal_from_uniform`: ``√2 · erfinv(2u − 1)`` (what ``jax.random.normal``
   does with its own uniforms).
-* :func:`loggamma`: Marsaglia-Tsang with ``rounds`` candidates per entry drawn at
+* :func:`loggamma`: Marsaglia-Tsang with ``ROUNDS`` candidates per entry drawn at
   once, the first accepted one kept; an entry with none accepted (probability
   below ``0.05 ** rounds``) is redrawn from fresh keys in a ``while`` loop that
   runs no trip otherwise, so the law is exact. ``a < 1`` is boosted:
@@ -108,11 +108,6 @@ def loggamma(key, a):
         a = a.astype(jnp.result_type(float))
     k_u, k_redraw = jax.random.split(key)
     return loggamma_from_uniform(uniform(k_u, loggamma_uniforms(a.shape), a.dtype), a, k_redraw)
-
-
-def gamma(key, a):
-    """``G ~ Gamma(a, 1)`` elementwise: ``exp`` of :func:`loggamma`."""
-    return jnp.exp(loggamma(key, a))
 
 
 def log_dirichlet_from_uniform(u, alpha, key):

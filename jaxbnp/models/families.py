@@ -348,13 +348,14 @@ class NormalGamma(Family):
         z = (x - mn) ** 2 * inv_dof_scale2
         return log_norm - jnp.sum(half_dof1 * jnp.log1p(z), axis=-1)
 
-    def _param_shape(self, stats):
-        kn, mn, an, bn = self._posterior(stats)
+    @staticmethod
+    def _param_shape(posterior):
+        kn, mn, an, bn = posterior
         shape = jnp.broadcast_shapes(jnp.shape(kn), jnp.shape(mn), jnp.shape(an), jnp.shape(bn))
         return shape, jnp.result_type(mn, bn)
 
     def param_uniforms(self, stats):
-        shape, dtype = self._param_shape(stats)
+        shape, dtype = self._param_shape(self._posterior(stats))
         return [loggamma_uniforms(shape), shape], dtype
 
     def sample_params_from_uniform(self, u, stats, key):
@@ -362,8 +363,9 @@ class NormalGamma(Family):
         "Instantiated parameters"): per dimension ``λ ~ Gamma(a_n, rate=b_n)``, then
         ``μ | λ ~ N(m_n, 1/(k_n λ))``. ``stats`` with leading axes ``(...,)`` give
         parameters of shape ``(..., D)``."""
-        kn, mn, an, bn = self._posterior(stats)
-        shape, dtype = self._param_shape(stats)
+        posterior = self._posterior(stats)
+        kn, mn, an, bn = posterior
+        shape, dtype = self._param_shape(posterior)
         u_lam, u_mu = u
         lam = jnp.exp(loggamma_from_uniform(u_lam, jnp.broadcast_to(an, shape).astype(dtype), key)) / bn
         mu = mn + normal_from_uniform(u_mu) / jnp.sqrt(kn * lam)

@@ -58,8 +58,6 @@ set()
 
 from __future__ import annotations
 
-import itertools
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -202,17 +200,7 @@ def _segment_stats(point_stats, ids, num, axis_name):
     ``ids``; out-of-range ids are left out."""
     ones = jnp.ones(ids.shape, jnp.int32)
     counts = jax.ops.segment_sum(ones, ids, num_segments=num)
-    # the statistics' leaves side by side: one scatter instead of one per leaf
-    leaves, treedef = jax.tree.flatten(point_stats)
-    n = ids.shape[0]
-    widths = [math.prod(leaf.shape[1:]) for leaf in leaves]
-    dtype = jnp.result_type(*leaves)
-    summed = jax.ops.segment_sum(
-        jnp.concatenate([leaf.reshape(n, -1).astype(dtype) for leaf in leaves], axis=1), ids,
-        num_segments=num)
-    parts = jnp.split(summed, list(itertools.accumulate(widths))[:-1], axis=1)
-    stats = jax.tree.unflatten(treedef, [p.reshape((num,) + leaf.shape[1:]).astype(leaf.dtype)
-                                         for p, leaf in zip(parts, leaves)])
+    stats = jax.tree.map(lambda s: jax.ops.segment_sum(s, ids, num_segments=num), point_stats)
     return _psum((counts, stats), axis_name)
 
 
@@ -280,8 +268,6 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     counts, stats = _segment_stats(ps, masked(labels), C, axis_name) if totals is None else totals
 
     rng = _IterationRandomness(key, family, stats, C, T, dtype)
-    u_blocks, u_orient, u_accept = rng.blocks, rng.orient, rng.accept
-    k_match = rng.k_match
 
     # 1. labels: weights over every slot, parameters, then every label at once (§7): the
     #    blocked Gibbs step of a C-slot symmetric Dirichlet mixture, corrected to the
@@ -299,7 +285,6 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     delta = _psum(
         jax.ops.segment_sum(ones, block * C + proposal, num_segments=B * C)
         - jax.ops.segment_sum(ones, block * C + labels, num_segments=B * C), axis_name).reshape(B, C)
-    log_u_blocks = jnp.log(u_blocks)
 
     def block_step(carry, inp):
         c, corr = carry  # the counts and their log correction
@@ -310,7 +295,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         return (jnp.where(ok, c_new, c), jnp.where(ok, corr_new, corr)), ok
 
     (counts, _), block_ok = lax.scan(block_step, (counts, _log_correction(measure, counts, a)),
-                                     (delta, log_u_blocks))
+                                     (delta, jnp.log(rng.blocks)))
     labels = jnp.where(block_ok[block], proposal, labels)
     labels_ok = jnp.mean(block_ok.astype(dtype))
     counts, stats = _segment_stats(ps, masked(labels), C, axis_name)
@@ -318,7 +303,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     num_active = jnp.sum(active)
 
     # 2. split/merge: a random matching of the slots, one launch per pair
-    perm = jax.random.permutation(k_match, C).astype(jnp.int32)  # int64 under x64
+    perm = jax.random.permutation(rng.k_match, C).astype(jnp.int32)  # int64 under x64
     a_slot, b_slot = perm[0:2 * P:2], perm[1:2 * P:2]
     pair = jnp.full((C,), -1, jnp.int32).at[perm[:2 * P]].set(jnp.arange(2 * P, dtype=jnp.int32) // 2)
     pid = pair[labels]
@@ -385,8 +370,6 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     union_stats = jax.tree.map(lambda s: s.reshape((P, 2) + s.shape[1:]).sum(1), part_stats)
     log_union = family.log_marginal(union_stats)
     part_counts = part_counts.reshape(P, 2)
-    orient = u_orient < 0.5
-    log_u = jnp.log(u_accept)
 
     def decide(carry, inp):
         c, k, eppf = carry  # the counts, the number of clusters and log EPPF(c)
@@ -410,7 +393,7 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
                               l_slot, r_slot)
 
     inputs = (a_slot, b_slot, split_pair, merge_pair, part_counts[:, 0], part_counts[:, 1],
-              log_part[:, 0], log_part[:, 1], log_union, log_q, orient, log_u)
+              log_part[:, 0], log_part[:, 1], log_union, log_q, rng.orient < 0.5, jnp.log(rng.accept))
     _, (acc, proposed, log_acc, l_slot, r_slot) = lax.scan(
         decide, (counts, num_active.astype(jnp.int32), measure.log_eppf(counts)), inputs)
     acc_split, acc_merge = acc & split_pair, acc & merge_pair
