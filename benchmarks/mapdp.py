@@ -44,11 +44,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS, cpu_seconds, machine_info, other_cpu_seconds, write_json, write_lines  # noqa: E402
+from harness import (  # noqa: E402
+    RESULTS, cpu_seconds, fit_bgm, machine_info, other_cpu_seconds, write_json, write_lines,
+)
 
-from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.metrics import normalized_mutual_info_score  # noqa: E402
-from sklearn.mixture import BayesianGaussianMixture  # noqa: E402
 
 from jaxbnp.estimators import MAPDP, SingleClusterWarning  # noqa: E402
 
@@ -89,23 +89,7 @@ def run_mapdp(X, y, make, refit=True):
 
 
 def run_bgm(X, y):
-    bgm = BayesianGaussianMixture(
-        n_components=BGM_COMPONENTS, covariance_type="diag", max_iter=100, random_state=0,
-        weight_concentration_prior_type="dirichlet_process",
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        t0 = time.perf_counter()
-        bgm.fit(X)
-        elapsed = time.perf_counter() - t0
-    labels = bgm.predict(X)
-    return {
-        "time_s": elapsed,
-        "iterations": int(bgm.n_iter_),
-        "converged": bool(bgm.converged_),
-        "clusters": int(len(np.unique(labels))),
-        "nmi": float(normalized_mutual_info_score(y, labels)),
-    }
+    return fit_bgm(X, y, BGM_COMPONENTS, "diag")
 
 
 def fmt(v, spec):

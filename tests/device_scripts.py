@@ -36,6 +36,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_processes(script: str, num_processes: int = 2, num_devices: int = 2) -> list[dict]:
+    """``script`` in ``num_processes`` processes of ``num_devices`` host devices each, started
+    with ``(process_id, port)`` as arguments (a loopback ``jax.distributed`` coordinator's
+    port); the JSON object each printed, in process order."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i), str(port)],
+                              env=device_env(num_devices), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO)
+             for i in range(num_processes)]
+    outs = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=600)
+            assert p.returncode == 0, stderr[-4000:]
+            outs.append(last_json(stdout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return outs
+
+
 def last_json(stdout: str) -> dict:
     """The object of the last line printed as ``"JSON" + json.dumps(...)``."""
     lines = [line for line in stdout.splitlines() if line.startswith("JSON")]

@@ -9,8 +9,6 @@ each test below asserts one part of it.
 from __future__ import annotations
 
 import functools
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +20,7 @@ import jaxbnp as bnp
 from jaxbnp.inference import distributed, sharded
 from jaxbnp.inference.partition import mapdp
 
-from .device_scripts import REPO, background_fixture, device_env, free_port, last_json
+from .device_scripts import background_fixture, run_processes
 
 # wine, standardised, with the prior of tests/test_mapdp.py: batched MAP-DP leaves the one-cluster start
 PRELUDE = """
@@ -151,20 +149,7 @@ def _in_memory_reference():
 def test_two_processes_over_loopback_psum_and_sharded_mapdp():
     """jax.distributed on CPU (gloo collectives): a psum across processes, and the sharded MAP-DP of
     2 processes x 2 devices equals the single-process batched fit (global blocks of 16)."""
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", LOOPBACK, str(i), str(port)], env=device_env(2),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-             for i in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=600)
-            assert p.returncode == 0, stderr[-4000:]
-            outs.append(last_json(stdout))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = run_processes(LOOPBACK)
     trace, labels = _in_memory_reference()
     for i, o in enumerate(outs):
         assert (o["index"], o["count"], o["devices"], o["local_devices"]) == (i, 2, 4, 2)

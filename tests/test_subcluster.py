@@ -15,8 +15,6 @@ test starts so that it compiles while the other tests run; it prints one JSON ob
 from __future__ import annotations
 
 import functools
-import subprocess
-import sys
 
 import chex
 import jax
@@ -30,7 +28,7 @@ import jaxbnp as bnp
 from jaxbnp.inference.partition import subcluster
 from jaxbnp.inference.runner import run
 
-from .device_scripts import REPO, background_fixture, device_env, free_port, last_json
+from .device_scripts import background_fixture, run_processes
 from .test_kernel import NG, _data, dp_model, nggp_model
 
 EXTRA = ("log_joint", "num_clusters", "num_accepted", "num_proposed", "mean_log_accept")
@@ -151,20 +149,7 @@ def test_sharded_kernel_gives_the_single_device_draws(_eight_device_run):
 def test_two_processes_give_the_single_device_draws(_eight_device_run):
     """jax.distributed over loopback (gloo): 2 processes x 2 host devices, the points sharded
     over all 4, give every process the single-device chain's draws."""
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", LOOPBACK, str(i), str(port)], env=device_env(2),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-             for i in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=600)
-            assert p.returncode == 0, stderr[-4000:]
-            outs.append(last_json(stdout))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = run_processes(LOOPBACK)
     want = _eight_device_run.result["kernel"]["one"]["z"]
     for i, o in enumerate(outs):
         assert (o["index"], o["count"], o["devices"], o["local_devices"]) == (i, 2, 4, 2)
