@@ -19,6 +19,9 @@ The helpers here make one ``jax.random.uniform`` call per draw and transform it:
 * :func:`split_uniform` / :func:`cut`: one uniform draw cut into several arrays, so a
   caller can draw the uniforms of many variates at once and pass them to the
   ``*_from_uniform`` functions.
+* :func:`uniform_rows`: any rows of an ``(n, width)`` array of uniforms, each entry a
+  threefry hash of the key and its (row, column) counter, so a shard or a chunk of
+  the rows is drawn alone and equals the same rows of the whole array.
 """
 
 from __future__ import annotations
@@ -36,6 +39,30 @@ ROUNDS = 2
 def uniform(key, shape, dtype):
     """Uniforms in ``(0, 1)`` (never 0, so ``log u`` is finite)."""
     return jax.random.uniform(key, shape, dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
+
+
+def uniform_rows(key, start, num_rows: int, width: int, dtype):
+    """Rows ``start .. start + num_rows`` of an ``(n, width)`` array of uniforms in ``[0, 1)``
+    (``n`` unbounded, below ``2**32``): entry ``(r, c)`` is threefry-2x32 of the key's
+    two words (``jax.random.bits(key, (2,))``, whatever the key's implementation) and the
+    counter ``(r, c)``, turned into a float as ``jax.random.uniform`` does. The cost is
+    that of ``jax.random.uniform`` of the same size; ``start`` may be traced."""
+    from jax.extend.random import threefry2x32_p
+
+    k1, k2 = jax.random.bits(key, (2,), jnp.uint32)
+    rows = (jnp.asarray(start, jnp.uint32) + jnp.arange(num_rows, dtype=jnp.uint32))[:, None]
+    cols = jnp.arange(width, dtype=jnp.uint32)[None, :]
+    rows, cols = jnp.broadcast_arrays(rows, cols)
+    b1, b2 = threefry2x32_p.bind(k1, k2, rows, cols)
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.float64:
+        bits = (b1.astype(jnp.uint64) << 32) | b2.astype(jnp.uint64)
+        one = lax.bitcast_convert_type((bits >> 12) | jnp.uint64(0x3FF0000000000000), jnp.float64)
+    elif dtype == jnp.float32:
+        one = lax.bitcast_convert_type(((b1 ^ b2) >> 9) | jnp.uint32(0x3F800000), jnp.float32)
+    else:
+        raise ValueError(f"uniform_rows draws float32 or float64, not {dtype}.")
+    return one - jnp.asarray(1.0, dtype)
 
 
 def normal_from_uniform(u):

@@ -75,3 +75,19 @@ def test_normal_from_uniform_and_cut():
     a, b = _random.cut(jnp.arange(10.0), [(2, 3), (4,)])
     np.testing.assert_array_equal(a, [[0, 1, 2], [3, 4, 5]])
     np.testing.assert_array_equal(b, [6, 7, 8, 9])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_uniform_rows_are_uniform_and_any_rows_equal_the_whole(dtype):
+    key = jax.random.key(7)
+    whole = np.asarray(_random.uniform_rows(key, 0, 5000, 6, dtype))
+    assert whole.dtype == dtype and whole.min() >= 0.0 and whole.max() < 1.0
+    for start, m in ((0, 1), (1234, 700), (4999, 1)):
+        np.testing.assert_array_equal(np.asarray(_random.uniform_rows(key, start, m, 6, dtype)),
+                                      whole[start:start + m])
+    assert stats.kstest(whole.ravel(), "uniform").pvalue > 1e-3
+    # columns and rows are not copies of each other, and another key gives other numbers
+    assert abs(np.corrcoef(whole[:, 0], whole[:, 1])[0, 1]) < 0.05
+    assert not np.array_equal(whole, np.asarray(_random.uniform_rows(jax.random.key(8), 0, 5000, 6, dtype)))
+    # power: the KS test rejects a skewed version of the same numbers
+    assert stats.kstest(whole.ravel() ** 1.05, "uniform").pvalue < 1e-3

@@ -65,7 +65,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import gammaln
 
-from ..._random import cut, log_dirichlet_from_uniform, loggamma_uniforms, sizes, uniform
+from ..._random import (
+    cut, log_dirichlet_from_uniform, loggamma_uniforms, sizes, uniform, uniform_rows,
+)
 from ..._validation import check_int, check_real
 from .clusters import ClusterState, PartitionState
 from .moves import MHInfo, Move
@@ -137,13 +139,17 @@ def check_measure(measure, owner: str = "SubClusterMCMC") -> None:
         )
 
 
-def point_noise(key: jax.Array, num_points: int, num_launch_sweeps: int, dtype=None) -> jax.Array:
-    """The per-point uniforms of one iteration, ``(num_points, num_launch_sweeps + 4)``:
-    column 0 the label proposal, 1 the launch's anchors, ``2 .. T + 1`` the launch sweeps,
-    ``T + 2`` the split proposal, ``T + 3`` the label block. Drawn for the whole data set, so a
-    sharded run slices the same numbers."""
+def point_noise(key: jax.Array, num_points: int, num_launch_sweeps: int, dtype=None,
+                start=0) -> jax.Array:
+    """The per-point uniforms of one iteration, rows ``start .. start + num_points`` of an
+    ``(n, num_launch_sweeps + 4)`` array: column 0 the label proposal, 1 the launch's anchors,
+    ``2 .. T + 1`` the launch sweeps, ``T + 2`` the split proposal, ``T + 3`` the label block.
+
+    Each entry is a hash of the key and its (row, column) counter
+    (:func:`jaxbnp._random.uniform_rows`), so a shard or a streamed chunk draws its own
+    rows alone, the same numbers as the whole data set's."""
     dtype = dtype or jnp.result_type(float)
-    return jax.random.uniform(key, (num_points, num_launch_sweeps + 4), dtype)
+    return uniform_rows(key, start, num_points, num_launch_sweeps + 4, dtype)
 
 
 def _categorical_from_uniform(logits: jax.Array, u: jax.Array) -> jax.Array:
@@ -236,55 +242,73 @@ class _IterationRandomness:
         return u_sw, u_sp, self._launch_keys[t, 0], self._launch_keys[t, 1]
 
 
-def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
-              num_launch_sweeps: int, sharpness: float = DEFAULT_SHARPNESS, axis_name=None,
-              totals=None):
-    """One iteration on (a shard of) the points; module docstring and §7.
+# ----------------------------------------------------------------------------- the stages
+# An iteration alternates passes over the points (functions of a block of points and of
+# per-cluster values: they return per-point outputs and sums over the block's points) with
+# per-cluster steps (functions of those sums). :func:`iteration` runs every pass over all
+# (or one shard's) points; ``jaxbnp.inference.distributed.fit_subcluster_chunked`` runs
+# each pass chunk by chunk and adds the chunks' sums: the same numbers.
 
-    :param key: the iteration's key (replicated over shards).
-    :param noise: this shard's rows of :func:`point_noise`.
-    :param X: ``(n_local, D)`` points; ``valid`` ``(n_local,)`` marks real rows (padding is
-        ``False`` and never enters a sum).
-    :param labels: ``(n_local,)`` slots, ``0 <= labels < capacity``.
-    :param sharpness: the power ``β`` of the launch's sub-cluster probabilities in the split
-        proposal, ``q(z̄_i) ∝ p(z̄_i | L, x_i)^β`` (§7; ``β = 1``: the launch's own law; larger,
-        crisper splits; any ``β > 0`` is exact).
-    :param axis_name: the mesh axis the points are sharded over (``None``: one device).
-    :param totals: the global ``(counts, stats)`` of ``labels`` when the caller has them
-        (the previous iteration's output); ``None``: summed here.
-    :returns: ``(labels, counts, stats, SubClusterState, SubClusterInfo)``; ``counts`` and
-        ``stats`` are the global per-slot sums of the new labels.
-    """
-    C, T = int(capacity), int(num_launch_sweeps)
+
+class _Pairs(NamedTuple):
+    """The iteration's random matching of the ``C`` slots into ``P = C // 2`` pairs."""
+
+    a_slot: jax.Array  # (P,) first slot of each pair
+    b_slot: jax.Array  # (P,) second slot
+    pair: jax.Array  # (C,) pair of each slot, -1: unpaired
+
+
+class _PointPairs(NamedTuple):
+    """Each point's pair (``pid``), whether it is in one (``in_pair``), its segment
+    (``seg``: its pair, or ``P`` outside every pair) and its two sub-cluster columns."""
+
+    pid: jax.Array
+    in_pair: jax.Array
+    seg: jax.Array
+    cols: jax.Array
+
+
+def _pairing(rng, C: int) -> _Pairs:
     P = C // 2
-    labels = labels.astype(jnp.int32)
-    dtype = jnp.result_type(X.dtype, float)
-    B = LABEL_BLOCKS
+    perm = jax.random.permutation(rng.k_match, C).astype(jnp.int32)  # int64 under x64
+    pair = jnp.full((C,), -1, jnp.int32).at[perm[:2 * P]].set(jnp.arange(2 * P, dtype=jnp.int32) // 2)
+    return _Pairs(perm[0:2 * P:2], perm[1:2 * P:2], pair)
 
-    def masked(ids):
-        return jnp.where(valid, ids, C)
 
-    ps = family.point_stats(X)
-    counts, stats = _segment_stats(ps, masked(labels), C, axis_name) if totals is None else totals
+def _point_pairs(labels, valid, pairs: _Pairs) -> _PointPairs:
+    P = pairs.a_slot.shape[0]
+    pid = pairs.pair[labels]
+    in_pair = valid & (pid >= 0)
+    pid = jnp.maximum(pid, 0)
+    return _PointPairs(pid, in_pair, jnp.where(in_pair, pid, P), jnp.stack([2 * pid, 2 * pid + 1], -1))
 
-    rng = _IterationRandomness(key, family, stats, C, T, dtype)
 
-    # 1. labels: weights over every slot, parameters, then every label at once (§7): the
-    #    blocked Gibbs step of a C-slot symmetric Dirichlet mixture, corrected to the
-    #    measure's partition law by Metropolis-Hastings (clusters may empty or open)
+def _label_draws(rng, measure, family, counts, stats, dtype):
+    """The label step's Dirichlet shape ``a``, weights and parameters of every slot."""
+    C = counts.shape[0]
     a = _dirichlet_shape(measure, C, dtype)
     log_w = log_dirichlet_from_uniform(rng.w, (counts + a).astype(dtype), rng.k_w)
     params = family.sample_params_from_uniform(rng.theta, stats, rng.k_theta)
-    logits = family.log_likelihood(X, params) + log_w
-    proposal = _categorical_from_uniform(logits, noise[:, 0])
+    return a, log_w, params
+
+
+def _propose_labels(X, noise, valid, labels, log_w, params, family, T: int):
+    """Pass: every point's proposed label, its block, and each block's change of counts
+    ``(LABEL_BLOCKS, C)`` (a sum over points)."""
+    B, C = LABEL_BLOCKS, log_w.shape[0]
+    proposal = _categorical_from_uniform(family.log_likelihood(X, params) + log_w, noise[:, 0])
     # the points fall in LABEL_BLOCKS random blocks; each block's proposal is accepted or
     # not in turn (with w and θ held, each is a valid MH step): a cluster that the proposal
     # would close then blocks one block, not every label
     block = jnp.minimum((noise[:, T + 3] * B).astype(jnp.int32), B - 1)
     ones = jnp.where(valid, 1, 0).astype(jnp.int32)
-    delta = _psum(
-        jax.ops.segment_sum(ones, block * C + proposal, num_segments=B * C)
-        - jax.ops.segment_sum(ones, block * C + labels, num_segments=B * C), axis_name).reshape(B, C)
+    delta = (jax.ops.segment_sum(ones, block * C + proposal, num_segments=B * C)
+             - jax.ops.segment_sum(ones, block * C + labels, num_segments=B * C))
+    return proposal, block, delta.reshape(B, C)
+
+
+def _accept_blocks(rng, measure, counts, a, delta):
+    """The label blocks' Metropolis-Hastings decisions in turn: ``(counts, block_ok)``."""
 
     def block_step(carry, inp):
         c, corr = carry  # the counts and their log correction
@@ -296,76 +320,83 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
 
     (counts, _), block_ok = lax.scan(block_step, (counts, _log_correction(measure, counts, a)),
                                      (delta, jnp.log(rng.blocks)))
-    labels = jnp.where(block_ok[block], proposal, labels)
-    labels_ok = jnp.mean(block_ok.astype(dtype))
-    counts, stats = _segment_stats(ps, masked(labels), C, axis_name)
-    active = counts > 0
-    num_active = jnp.sum(active)
+    return counts, block_ok
 
-    # 2. split/merge: a random matching of the slots, one launch per pair
-    perm = jax.random.permutation(rng.k_match, C).astype(jnp.int32)  # int64 under x64
-    a_slot, b_slot = perm[0:2 * P:2], perm[1:2 * P:2]
-    pair = jnp.full((C,), -1, jnp.int32).at[perm[:2 * P]].set(jnp.arange(2 * P, dtype=jnp.int32) // 2)
-    pid = pair[labels]
-    in_pair = valid & (pid >= 0)
-    pid0 = jnp.maximum(pid, 0)
-    cols = jnp.stack([2 * pid0, 2 * pid0 + 1], axis=-1)
 
-    def launch_params(t, h):
-        """Launch step ``t``'s sub-cluster weights and parameters given sub-labels ``h``, and
-        every point's log-odds of its second sub-cluster against its first."""
-        u_sw, u_sp, k_sw, k_sp = rng.launch(t)
-        sub_counts, sub_stats = _segment_stats(ps, jnp.where(in_pair, 2 * pid0 + h, C), C, axis_name)
-        sc = (sub_counts + 1).astype(dtype)
-        sc = sc.reshape(-1, 2) if C % 2 == 0 else jnp.concatenate([sc, jnp.ones(1, dtype)]).reshape(-1, 2)
-        sub_lw = log_dirichlet_from_uniform(u_sw, sc, k_sw).reshape(-1)[:C]
-        sub_params = family.sample_params_from_uniform(u_sp, sub_stats, k_sp)
-        ll = family.log_likelihood_at(X, sub_params, cols) + sub_lw[cols]
-        return sub_lw, sub_params, ll[:, 1] - ll[:, 0]
+def _anchor_range(noise, pp: _PointPairs, P: int):
+    """Pass: the smallest and largest anchor uniform of each pair's points."""
+    lo = jax.ops.segment_min(jnp.where(pp.in_pair, noise[:, 1], 2.0), pp.seg, num_segments=P)
+    hi = jax.ops.segment_max(jnp.where(pp.in_pair, noise[:, 1], -1.0), pp.seg, num_segments=P)
+    return lo, hi
 
-    def draw(logit, u):
-        """Sub-label 1 with probability ``sigmoid(logit)``."""
-        return (u < jax.nn.sigmoid(logit)).astype(jnp.int32)
 
-    # the launch starts from two anchors of each pair's union: its points of smallest and
-    # largest uniform (a law that depends on the union only); each point goes to the
-    # sub-cluster whose parameters, drawn given its anchor alone, explain it better
-    seg = jnp.where(in_pair, pid0, P)
-    lo = jax.ops.segment_min(jnp.where(in_pair, noise[:, 1], 2.0), seg, num_segments=P)
-    hi = jax.ops.segment_max(jnp.where(in_pair, noise[:, 1], -1.0), seg, num_segments=P)
-    if axis_name is not None:
-        lo, hi = lax.pmin(lo, axis_name), lax.pmax(hi, axis_name)
-    anchor = jnp.where(in_pair & (noise[:, 1] == lo[pid0]), 0,
-                       jnp.where(in_pair & (noise[:, 1] == hi[pid0]), 1, -1))
-    _, anchor_stats = _segment_stats(ps, jnp.where(anchor >= 0, 2 * pid0 + anchor, C), C, axis_name)
-    anchor_params = family.sample_params_from_uniform(rng.anchor, anchor_stats, rng.k_anchor)
-    ll0 = family.log_likelihood_at(X, anchor_params, cols)
-    h = jnp.where(anchor >= 0, anchor, jnp.argmax(ll0, axis=-1)).astype(jnp.int32)
+def _anchors(noise, pp: _PointPairs, lo, hi):
+    """Each point's anchor role: 0 or 1 for its pair's two anchors, -1 otherwise. The launch
+    starts from the points of smallest and largest uniform (a law of the union only)."""
+    u = noise[:, 1]
+    return jnp.where(pp.in_pair & (u == lo[pp.pid]), 0, jnp.where(pp.in_pair & (u == hi[pp.pid]), 1, -1))
 
-    def sweep(t, h):
-        _, _, logit = launch_params(t, h)
-        return draw(logit, lax.dynamic_index_in_dim(noise, 2 + t, axis=1, keepdims=False))
 
-    h = lax.fori_loop(0, T, sweep, h)
-    sub_lw, sub_params, logit = launch_params(T, h)
-    # the split proposal: the launch's probabilities to the power ``sharpness``, renormalised
+def _anchor_sub_ids(anchor, pp: _PointPairs, C: int):
+    return jnp.where(anchor >= 0, 2 * pp.pid + anchor, C)
+
+
+def _first_sub_labels(X, anchor, pp: _PointPairs, anchor_params, family):
+    """Each point goes to the sub-cluster whose parameters, drawn given its anchor alone,
+    explain it better."""
+    ll0 = family.log_likelihood_at(X, anchor_params, pp.cols)
+    return jnp.where(anchor >= 0, anchor, jnp.argmax(ll0, axis=-1)).astype(jnp.int32)
+
+
+def _sub_ids(h, pp: _PointPairs, C: int):
+    return jnp.where(pp.in_pair, 2 * pp.pid + h, C)
+
+
+def _launch_draw(rng, t, family, sub_counts, sub_stats, dtype):
+    """Launch step ``t``'s sub-cluster weights (``Dir(n_0 + 1, n_1 + 1)`` per pair) and
+    parameters given the sub-cluster sums."""
+    C = sub_counts.shape[0]
+    u_sw, u_sp, k_sw, k_sp = rng.launch(t)
+    sc = (sub_counts + 1).astype(dtype)
+    sc = sc.reshape(-1, 2) if C % 2 == 0 else jnp.concatenate([sc, jnp.ones(1, dtype)]).reshape(-1, 2)
+    sub_lw = log_dirichlet_from_uniform(u_sw, sc, k_sw).reshape(-1)[:C]
+    return sub_lw, family.sample_params_from_uniform(u_sp, sub_stats, k_sp)
+
+
+def _sub_logit(X, pp: _PointPairs, sub_lw, sub_params, family):
+    """Every point's log-odds of its second sub-cluster against its first."""
+    ll = family.log_likelihood_at(X, sub_params, pp.cols) + sub_lw[pp.cols]
+    return ll[:, 1] - ll[:, 0]
+
+
+def _draw(logit, u):
+    """Sub-label 1 with probability ``sigmoid(logit)``."""
+    return (u < jax.nn.sigmoid(logit)).astype(jnp.int32)
+
+
+def _split_proposal(logit, noise, labels, pp: _PointPairs, split_pair, a_slot, sharpness, T: int):
+    """Pass: the split proposal (the launch's probabilities to the power ``sharpness``,
+    renormalised) drawn for every point (``zbar``), each point's side of its pair's
+    proposal (the drawn sub-label for a split, its slot for a merge), and per pair the
+    log-probabilities of the proposal's two sub-label vectors (sums over points)."""
+    P = a_slot.shape[0]
     logit = sharpness * logit
-    zbar = draw(logit, noise[:, T + 2])
+    zbar = _draw(logit, noise[:, T + 2])
     lp = jnp.stack([-jax.nn.softplus(logit), -jax.nn.softplus(-logit)], axis=-1)
-
-    act_a, act_b = active[a_slot], active[b_slot]
-    split_pair = act_a != act_b
-    merge_pair = act_a & act_b
-    side = jnp.where(split_pair[pid0], zbar, (labels != a_slot[pid0]).astype(jnp.int32))
+    side = jnp.where(split_pair[pp.pid], zbar, (labels != a_slot[pp.pid]).astype(jnp.int32))
     lp_side = jnp.take_along_axis(lp, side[:, None], axis=-1)[:, 0]
     lp_other = jnp.take_along_axis(lp, 1 - side[:, None], axis=-1)[:, 0]
-    t1, t2 = _psum((
-        jax.ops.segment_sum(jnp.where(in_pair, lp_side, 0.0), seg, num_segments=P),
-        jax.ops.segment_sum(jnp.where(in_pair, lp_other, 0.0), seg, num_segments=P),
-    ), axis_name)
+    t1 = jax.ops.segment_sum(jnp.where(pp.in_pair, lp_side, 0.0), pp.seg, num_segments=P)
+    t2 = jax.ops.segment_sum(jnp.where(pp.in_pair, lp_other, 0.0), pp.seg, num_segments=P)
+    return zbar, side, t1, t2
+
+
+def _decide_pairs(rng, measure, family, counts, pairs: _Pairs, split_pair, merge_pair, t1, t2,
+                  part_counts, part_stats, dtype):
+    """The pairs' split and merge decisions in turn (§7): per pair whether it was accepted
+    and proposed, ``min(0, log r)``, and the slots its parts go to."""
+    C, P = counts.shape[0], pairs.a_slot.shape[0]
     log_q = jnp.logaddexp(t1, t2)
-    part_counts, part_stats = _segment_stats(ps, jnp.where(in_pair, 2 * pid0 + side, C), 2 * P,
-                                             axis_name)
     log_part = jnp.where(part_counts > 0, family.log_marginal(part_stats), 0.0).reshape(P, 2)
     union_stats = jax.tree.map(lambda s: s.reshape((P, 2) + s.shape[1:]).sum(1), part_stats)
     log_union = family.log_marginal(union_stats)
@@ -392,23 +423,115 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         return (c, k, eppf), (acc, proposed, jnp.where(proposed, jnp.minimum(log_r, 0.0), 0.0),
                               l_slot, r_slot)
 
-    inputs = (a_slot, b_slot, split_pair, merge_pair, part_counts[:, 0], part_counts[:, 1],
-              log_part[:, 0], log_part[:, 1], log_union, log_q, rng.orient < 0.5, jnp.log(rng.accept))
-    _, (acc, proposed, log_acc, l_slot, r_slot) = lax.scan(
-        decide, (counts, num_active.astype(jnp.int32), measure.log_eppf(counts)), inputs)
-    acc_split, acc_merge = acc & split_pair, acc & merge_pair
-    new_slot = jnp.where(
-        acc_split[pid0], jnp.where(side == 0, l_slot[pid0], r_slot[pid0]),
-        jnp.where(acc_merge[pid0], l_slot[pid0], labels))
-    labels = jnp.where(in_pair, new_slot, labels)
-    counts, stats = _segment_stats(ps, masked(labels), C, axis_name)
+    inputs = (pairs.a_slot, pairs.b_slot, split_pair, merge_pair, part_counts[:, 0],
+              part_counts[:, 1], log_part[:, 0], log_part[:, 1], log_union, log_q,
+              rng.orient < 0.5, jnp.log(rng.accept))
+    num_active = jnp.sum(counts > 0).astype(jnp.int32)
+    _, out = lax.scan(decide, (counts, num_active, measure.log_eppf(counts)), inputs)
+    return out
 
-    info = SubClusterInfo(
+
+def _moved_labels(labels, side, pp: _PointPairs, acc_split, acc_merge, l_slot, r_slot):
+    """Pass: the labels after the accepted splits and merges."""
+    i = pp.pid
+    new_slot = jnp.where(acc_split[i], jnp.where(side == 0, l_slot[i], r_slot[i]),
+                         jnp.where(acc_merge[i], l_slot[i], labels))
+    return jnp.where(pp.in_pair, new_slot, labels)
+
+
+def _split_kinds(counts, pairs: _Pairs):
+    active = counts > 0
+    act_a, act_b = active[pairs.a_slot], active[pairs.b_slot]
+    return act_a != act_b, act_a & act_b
+
+
+def _info(acc, proposed, log_acc, split_pair, merge_pair, labels_ok):
+    return SubClusterInfo(
         MHInfo(jnp.sum(acc).astype(jnp.int32), jnp.sum(proposed).astype(jnp.int32),
                jnp.sum(log_acc).astype(jnp.float32), jnp.sum(proposed).astype(jnp.int32)),
-        labels_ok, jnp.sum(acc_split).astype(jnp.int32), jnp.sum(acc_merge).astype(jnp.int32),
+        labels_ok, jnp.sum(acc & split_pair).astype(jnp.int32),
+        jnp.sum(acc & merge_pair).astype(jnp.int32),
     )
-    state = SubClusterState(log_w, params, zbar, sub_lw, sub_params, pair)
+
+
+def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
+              num_launch_sweeps: int, sharpness: float = DEFAULT_SHARPNESS, axis_name=None,
+              totals=None):
+    """One iteration on (a shard of) the points; module docstring and §7.
+
+    :param key: the iteration's key (replicated over shards).
+    :param noise: this shard's rows of :func:`point_noise`.
+    :param X: ``(n_local, D)`` points; ``valid`` ``(n_local,)`` marks real rows (padding is
+        ``False`` and never enters a sum).
+    :param labels: ``(n_local,)`` slots, ``0 <= labels < capacity``.
+    :param sharpness: the power ``β`` of the launch's sub-cluster probabilities in the split
+        proposal, ``q(z̄_i) ∝ p(z̄_i | L, x_i)^β`` (§7; ``β = 1``: the launch's own law; larger,
+        crisper splits; any ``β > 0`` is exact).
+    :param axis_name: the mesh axis the points are sharded over (``None``: one device).
+    :param totals: the global ``(counts, stats)`` of ``labels`` when the caller has them
+        (the previous iteration's output); ``None``: summed here.
+    :returns: ``(labels, counts, stats, SubClusterState, SubClusterInfo)``; ``counts`` and
+        ``stats`` are the global per-slot sums of the new labels.
+    """
+    C, T = int(capacity), int(num_launch_sweeps)
+    P = C // 2
+    labels = labels.astype(jnp.int32)
+    dtype = jnp.result_type(X.dtype, float)
+
+    def masked(ids):
+        return jnp.where(valid, ids, C)
+
+    def psum(x):
+        return _psum(x, axis_name)
+
+    ps = family.point_stats(X)
+    counts, stats = _segment_stats(ps, masked(labels), C, axis_name) if totals is None else totals
+    rng = _IterationRandomness(key, family, stats, C, T, dtype)
+
+    # 1. labels: weights over every slot, parameters, then every label at once (§7): the
+    #    blocked Gibbs step of a C-slot symmetric Dirichlet mixture, corrected to the
+    #    measure's partition law by Metropolis-Hastings (clusters may empty or open)
+    a, log_w, params = _label_draws(rng, measure, family, counts, stats, dtype)
+    proposal, block, delta = _propose_labels(X, noise, valid, labels, log_w, params, family, T)
+    counts, block_ok = _accept_blocks(rng, measure, counts, a, psum(delta))
+    labels = jnp.where(block_ok[block], proposal, labels)
+    labels_ok = jnp.mean(block_ok.astype(dtype))
+
+    # 2. split/merge: a random matching of the slots, one launch per pair
+    pairs = _pairing(rng, C)
+    pp = _point_pairs(labels, valid, pairs)
+    lo, hi = _anchor_range(noise, pp, P)
+    if axis_name is not None:
+        lo, hi = lax.pmin(lo, axis_name), lax.pmax(hi, axis_name)
+    anchor = _anchors(noise, pp, lo, hi)
+    _, anchor_stats = _segment_stats(ps, _anchor_sub_ids(anchor, pp, C), C, axis_name)
+    anchor_params = family.sample_params_from_uniform(rng.anchor, anchor_stats, rng.k_anchor)
+    h = _first_sub_labels(X, anchor, pp, anchor_params, family)
+
+    def launch(t, h):
+        sub_counts, sub_stats = _segment_stats(ps, _sub_ids(h, pp, C), C, axis_name)
+        sub_lw, sub_params = _launch_draw(rng, t, family, sub_counts, sub_stats, dtype)
+        return sub_lw, sub_params, _sub_logit(X, pp, sub_lw, sub_params, family)
+
+    def sweep(t, h):
+        u = lax.dynamic_index_in_dim(noise, 2 + t, axis=1, keepdims=False)
+        return _draw(launch(t, h)[2], u)
+
+    h = lax.fori_loop(0, T, sweep, h)
+    sub_lw, sub_params, logit = launch(T, h)
+    split_pair, merge_pair = _split_kinds(counts, pairs)
+    zbar, side, t1, t2 = _split_proposal(logit, noise, labels, pp, split_pair, pairs.a_slot,
+                                         sharpness, T)
+    part_counts, part_stats = _segment_stats(ps, jnp.where(pp.in_pair, 2 * pp.pid + side, C), 2 * P,
+                                             axis_name)
+    acc, proposed, log_acc, l_slot, r_slot = _decide_pairs(
+        rng, measure, family, counts, pairs, split_pair, merge_pair, *psum((t1, t2)), part_counts,
+        part_stats, dtype)
+    labels = _moved_labels(labels, side, pp, acc & split_pair, acc & merge_pair, l_slot, r_slot)
+    counts, stats = _segment_stats(ps, masked(labels), C, axis_name)
+
+    info = _info(acc, proposed, log_acc, split_pair, merge_pair, labels_ok)
+    state = SubClusterState(log_w, params, zbar, sub_lw, sub_params, pairs.pair)
     return labels, counts, stats, state, info
 
 
