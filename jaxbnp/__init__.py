@@ -63,6 +63,7 @@ _LAZY = {
     "SingleClusterWarning": ("jaxbnp.estimators", "SingleClusterWarning"),
     "NotFittedError": ("jaxbnp.estimators", "NotFittedError"),
     "fit_mapdp_chunked": ("jaxbnp.inference.distributed", "fit_mapdp_chunked"),
+    "fit_subcluster_chunked": ("jaxbnp.inference.distributed", "fit_subcluster_chunked"),
     "distributed": ("jaxbnp.inference.distributed", None),
     "metrics": ("jaxbnp.metrics", None),
     "diagnostics": ("jaxbnp.diagnostics", None),
@@ -99,6 +100,7 @@ __all__ = [
     # estimators and fitting functions
     "DirichletProcessMixture", "MAPDP", "select_alpha", "SingleClusterWarning", "NotFittedError",
     "fit_ddt", "DDTFit", "fit_bhmc", "BHMCFit", "fit_mapdp_chunked",
+    "fit_subcluster_chunked",
     # modules
     "metrics", "diagnostics", "checkpoint", "estimators", "plot", "distributed",
 ]

@@ -40,7 +40,7 @@ compile; the masked form may only succeed or die of that LLVM error. The smalles
 ``SplitMerge``, ``TreeGuidedMCMC`` with device and host trees, ``SubClusterMCMC``,
 ``DiffusionTreeMCMC``, ``PopulationDDT`` in ``numpyro.infer.MCMC``), estimator (``MAPDP``,
 ``DirichletProcessMixture`` with methods gibbs, subcluster and mapdp, ``select_alpha``) and
-fitting function (``fit_ddt``, ``fit_bhmc`` with ``compiler_options=None``, ``fit_mapdp_chunked``,
+fitting function (``fit_ddt``, ``fit_bhmc`` with ``compiler_options=None``, ``fit_mapdp_chunked``, ``fit_subcluster_chunked``,
 ``distributed.fit_mapdp_sharded``, ``distributed.gibbs_sharded``) on 20 points, in
 float32 and in float64 (x64 enabled before anything else), four scripts per dtype.
 """
@@ -253,6 +253,12 @@ def chunked():
     assert np.isfinite(res.nll_trace).all()  # a host list of Python floats
 
 
+def chunked_subcluster():
+    res = bnp.fit_subcluster_chunked(X, bnp.DP(1.0), FAMILY, 3, key=KEY, capacity=8)  # one padded chunk
+    labels("fit_subcluster_chunked.labels", res.labels, (N,), high=8)
+    assert np.isfinite(res.log_joint).all() and res.num_clusters.shape == (3,)
+
+
 
 
 def sharded():
@@ -279,6 +285,7 @@ if GROUP == "estimators":
 if GROUP == "bhmc_distributed":
     run("fit_bhmc (compiler_options=None: XLA defaults)", bhmc_fit)
     run("fit_mapdp_chunked", chunked)
+    run("fit_subcluster_chunked", chunked_subcluster)
     run("distributed.fit_mapdp_sharded, gibbs_sharded (2 devices)", sharded)
 print(f"ALL OK {DTYPE} {GROUP} {time.perf_counter() - T0:.1f} s", flush=True)
 """

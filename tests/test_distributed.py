@@ -1,5 +1,5 @@
 """Scale-out (issue #8): data-parallel MAP-DP and Gibbs over a mesh, chains over 8 devices,
-two-process loopback ``jax.distributed``, and chunked MAP-DP.
+two-process loopback ``jax.distributed``, chunked MAP-DP and the chunked sub-cluster chain.
 
 The 8-device checks run in one subprocess (``XLA_FLAGS=--xla_force_host_platform_device_count=8``,
 float64; the main test process already has 4 host devices) that prints one JSON object;
@@ -18,7 +18,7 @@ from sklearn.datasets import load_wine
 
 import jaxbnp as bnp
 from jaxbnp.inference import distributed, sharded
-from jaxbnp.inference.partition import mapdp
+from jaxbnp.inference.partition import mapdp, subcluster
 
 from .device_scripts import background_fixture, run_processes
 
@@ -195,6 +195,77 @@ def test_chunked_mapdp_reads_a_memmap(tmp_path):
     res = distributed.fit_mapdp_chunked(np.load(path, mmap_mode="r"), bnp.DP(1.0), family, 32,
                                         chunk_size=48, block_size=16, max_iter=20)
     np.testing.assert_array_equal(res.labels, _in_memory_reference()[1])
+
+
+@functools.cache
+def _subcluster_reference(n=2300, C=16, num_iterations=12, measure=bnp.DP(1.0)):
+    """``subcluster.step`` iterated in memory from one cluster, keys split from key 5: the
+    slot labels after each iteration."""
+    X, family = _blobs(n)
+    step = jax.jit(subcluster.step, static_argnames=("capacity", "num_launch_sweeps"))
+    labels, out = jnp.zeros(n, jnp.int32), []
+    for k in jax.random.split(jax.random.key(5), num_iterations):
+        labels = step(k, labels, jnp.asarray(X), measure, family, capacity=C)[0]
+        out.append(np.asarray(labels))
+    return out
+
+
+def _blobs(n):
+    rng = np.random.default_rng(4)
+    centres = np.array([[-5.0, 0.0], [0.0, 5.0], [5.0, 0.0], [0.0, -5.0]])
+    return centres[np.arange(n) % 4] + rng.normal(size=(n, 2)), bnp.NormalGamma(np.zeros(2), 0.1, 2.0,
+                                                                                np.ones(2))
+
+
+def _first_appearance(labels):
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, int)
+    rank[np.argsort(first)] = np.arange(first.size)
+    return rank[inverse]
+
+
+def test_chunked_subcluster_is_the_in_memory_chain(tmp_path):
+    """2,300 points in 3 chunks of 767 (``chunk_size=1000``; one padding row), read from a
+    memmap: the chain of ``subcluster.step`` with the same keys, iteration for iteration
+    (float64)."""
+    X, family = _blobs(2300)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    ref = _subcluster_reference()
+    res = distributed.fit_subcluster_chunked(np.load(path, mmap_mode="r"), bnp.DP(1.0), family, 12,
+                                             key=jax.random.key(5), capacity=16, chunk_size=1000)
+    np.testing.assert_array_equal(res.labels, _first_appearance(ref[-1]))
+    np.testing.assert_array_equal(res.num_clusters, [len(np.unique(r)) for r in ref])
+    assert res.num_splits.sum() >= 3  # the chain left its one-cluster start by splits
+    np.testing.assert_array_equal(res.counts, np.bincount(res.labels))
+    np.testing.assert_allclose(res.log_joint[-1], float(bnp.log_joint(X, res.labels, bnp.DP(1.0), family)),
+                               rtol=1e-10)
+    # 2 chunks of 1,150 from the array: the same chain
+    short = distributed.fit_subcluster_chunked(X, bnp.DP(1.0), family, 12, key=jax.random.key(5),
+                                               capacity=16, chunk_size=2048)
+    np.testing.assert_array_equal(short.labels, res.labels)
+
+
+def test_chunked_subcluster_raises_when_every_slot_is_used():
+    X, family = _blobs(2300)
+    with pytest.raises(bnp.CapacityError, match="all 2 cluster slots are in use after iteration"):
+        distributed.fit_subcluster_chunked(X, bnp.DP(1.0), family, 10, key=jax.random.key(5), capacity=2)
+
+
+def test_chunked_subcluster_bad_input():
+    X, family = _blobs(2300)
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match="NGGP is not|supports DP and PitmanYor"):
+        distributed.fit_subcluster_chunked(X, bnp.NGGP(1.0, 0.3), family, 1, key=key)
+    with pytest.raises(ValueError, match="num_iterations must be an integer >= 1"):
+        distributed.fit_subcluster_chunked(X, bnp.DP(1.0), family, 0, key=key)
+    with pytest.raises(ValueError, match="init_labels must be 2300 integers in"):
+        distributed.fit_subcluster_chunked(X, bnp.DP(1.0), family, 1, key=key, capacity=4,
+                                           init_labels=np.full(2300, 4))
+    bad = np.array(X)
+    bad[2200, 1] = np.nan
+    with pytest.raises(ValueError, match=r"X\[1534:2300\] contains NaN or inf"):
+        distributed.fit_subcluster_chunked(bad, bnp.DP(1.0), family, 1, key=key, chunk_size=1000)
 
 
 # ----------------------------------------------------------------------------- validation

@@ -9,6 +9,7 @@ REQUIRED = [
     "CollapsedGibbs", "SplitMerge", "TreeGuidedMCMC", "MAPDP", "DirichletProcessMixture",
     "DP", "PitmanYor", "NGGP", "NormalGamma", "NormalWishart", "BetaBernoulli", "DirichletMultinomial",
     "Partition", "ConjugateMixture", "AuxiliaryU", "fit_mapdp_chunked", "enable_compilation_cache",
+    "fit_subcluster_chunked",
     # composing moves (docs/design.md) and the shared model
     "PartitionKernel", "moves", "BHMCKernel", "mixture_model",
 ]
