@@ -47,8 +47,12 @@ Methods, on the same data in the same process:
   (``max_iter=100``, one k-means start); covariance ``full`` for ``dpmm``, ``diag`` for
   the diagonal settings (the jaxbnp families' shapes). It runs in a child process killed
   at the time cap ("cap").
-* the PyTorch ``dpgmm`` sampler, only if ``import dpgmm`` works ("not installed" otherwise;
-  if it is installed this script does not drive it yet and says so).
+* the PyTorch ``dpgmm`` package's collapsed Gibbs sampler (``pip install dpgmm``: it brings
+  PyTorch and wandb, so it may live in another environment: set ``DPGMM_PYTHON`` to that
+  interpreter), in a child process: ``Full``/``DiagCovarianceCollapsedGibbsSampler`` (the
+  BGM's covariance type), ``batch_size=1``, ``init_strategy="init_data_stats"`` with 2 K
+  initial clusters, its own Gamma(1, 1) prior on alpha (not a fixed DP alpha). A one-sweep
+  probe sets how many sweeps fit in the cap; "not installed" when the import fails.
 
 For ``d10``/``d128`` each MCMC chain is compiled first (one iteration, ahead of time), then
 run iteration by iteration; the clock counts the iterations only (the NMI of each draw is
@@ -93,9 +97,13 @@ Results: ``benchmarks/results/subcluster.json`` and ``benchmarks/results/subclus
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
+import os
 import queue as queue_module
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -435,13 +443,74 @@ def run_bgm(X, y, n_components, covariance_type, cap_s):
     return res
 
 
+_DPGMM_CHILD = r"""
+import json, os, sys, time
+os.environ.setdefault("WANDB_MODE", "disabled")
+import numpy as np, torch
+if not hasattr(torch, "cholesky"):  # removed from recent torch; dpgmm may still call it
+    torch.cholesky = torch.linalg.cholesky
+from dpgmm.samplers import DiagCovarianceCollapsedGibbsSampler, FullCovarianceCollapsedGibbsSampler
+X = torch.as_tensor(np.load(sys.argv[1]), dtype=torch.float32)
+cov, iterations, max_clusters, cap = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+cls = FullCovarianceCollapsedGibbsSampler if cov == "full" else DiagCovarianceCollapsedGibbsSampler
+torch.manual_seed(0)
+
+def fit(m):
+    s = cls(init_strategy="init_data_stats", max_clusters_num=max_clusters, batch_size=1, verbose=False)
+    t0 = time.perf_counter()
+    res = s.fit(iterations_num=m, data=X)
+    return time.perf_counter() - t0, s.get_examples_assignment(res["cluster_assignment"])
+
+probe, labels = fit(1)  # start-up and one sweep: how many sweeps fit in the cap
+m = min(iterations, max(1, int(cap / probe)))
+t = probe
+if m > 1:
+    t, labels = fit(m)
+print("JSON" + json.dumps(dict(probe_s=probe, iterations=m, time_s=t, labels=list(map(int, labels)))))
+"""
+
+
+def dpgmm_python() -> str:
+    """The interpreter that has ``dpgmm`` (and PyTorch): ``$DPGMM_PYTHON``, else this one."""
+    return os.environ.get("DPGMM_PYTHON") or sys.executable
+
+
 def dpgmm_status() -> dict:
+    py = dpgmm_python()
+    code = "import dpgmm, torch, importlib.metadata as m; print(m.version('dpgmm'), torch.__version__)"
     try:
-        import dpgmm
-    except (ImportError, OSError) as e:  # not installed, or torch missing or broken underneath
+        out = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
         return {"status": "not installed", "error": f"{type(e).__name__}: {e}"}
-    return {"status": "installed, not run", "version": getattr(dpgmm, "__version__", None),
-            "note": "this script does not drive dpgmm's sampler yet"}
+    if out.returncode != 0:
+        return {"status": "not installed", "error": out.stderr.strip().splitlines()[-1:]}
+    version, torch_version = out.stdout.split()
+    return {"status": "installed", "version": version, "torch": torch_version, "python": py}
+
+
+def run_dpgmm(X, y, covariance_type, max_clusters, iterations, cap_s) -> dict:
+    """dpgmm's collapsed Gibbs sampler (PyTorch, CPU, one point per step: ``batch_size=1``,
+    ``init_strategy="init_data_stats"``, its Gamma(1, 1) prior on alpha) in a child process
+    (``$DPGMM_PYTHON``): a one-sweep probe, then ``iterations`` sweeps or as many as the
+    probe says fit in ``cap_s`` (killed at ``2 cap_s + 60`` s). NMI of the final assignment."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "X.npy")
+        np.save(path, X)
+        try:
+            out = subprocess.run(
+                [dpgmm_python(), "-c", _DPGMM_CHILD, path, covariance_type, str(iterations),
+                 str(max_clusters), str(cap_s)],
+                capture_output=True, text=True, timeout=2 * cap_s + 60, check=False)
+        except subprocess.TimeoutExpired:  # the one-sweep probe alone ran past the cap
+            return {"status": "cap (not one sweep)", "time_s": None, "cap_s": cap_s}
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("JSON")]
+    if out.returncode != 0 or not lines:
+        return {"status": "failed", "time_s": None, "error": out.stderr.strip()[-500:]}
+    r = json.loads(lines[-1][4:])
+    labels = np.asarray(r.pop("labels"))
+    status = "done" if r["iterations"] == iterations else f"sweeps in the cap: {r['iterations']}"
+    return {"status": status, **r, "clusters": int(np.unique(labels).size), "nmi": nmi(y, labels),
+            "seconds_per_sweep": r["time_s"] / r["iterations"]}
 
 
 # ----------------------------------------------------------------------------- report
@@ -478,7 +547,10 @@ def write_markdown(res, path):
         "DP(100)). MAP-DP: `MAPDP()` defaults, second fit. "
         "BGM: `weight_concentration_prior_type=\"dirichlet_process\"`, 2 K components, "
         "`max_iter=100` (default), child process killed at the cap. dpgmm (PyTorch): "
-        f"{res['dpgmm']['status']}.",
+        f"{res['dpgmm']['status']}" + (f" ({res['dpgmm']['version']}, torch {res['dpgmm']['torch']}): "
+        "its collapsed Gibbs sampler, one point per step, 2 K initial clusters from the data, its "
+        "Gamma(1, 1) prior on alpha; sweeps = iterations, or as many as fit in the cap after a "
+        "one-sweep probe" if res['dpgmm']['status'] == "installed" else "") + ".",
     ]
     for name, s in res["settings"].items():
         cfg = s["config"]
@@ -493,7 +565,7 @@ def write_markdown(res, path):
         b = s["bgm"]
         for key, label in (("subcluster", "jaxbnp `SubClusterMCMC`"), ("numpyro_mcmc", "NumPyro `MCMC(SubClusterMCMC)`, second run"),
                            ("gibbs", "jaxbnp `CollapsedGibbs`"), ("mapdp", "jaxbnp `MAPDP()`"),
-                           ("bgm", "scikit-learn BGM")):
+                           ("bgm", "scikit-learn BGM"), ("dpgmm", "PyTorch `dpgmm` (collapsed Gibbs)")):
             r = s.get(key)
             if r is None:
                 continue
@@ -510,12 +582,15 @@ def write_markdown(res, path):
                           else f"first NMI >= {TARGET_DPMM_NMI} at iteration {first}")
             if key == "bgm" and status == "done":
                 status = "converged" if r.get("converged") else "not converged"
+            if key == "dpgmm" and r.get("seconds_per_sweep") is not None:
+                status = f"{status}; {r['seconds_per_sweep']:.1f} s per sweep"
             lines.append(
                 f"| {label} | {_t(r.get('time_s'))} | {comp} | {_t(it, 'd')} | "
                 f"{_t(r.get('capacity'), 'd')} | "
                 f"{_t(r.get('nmi'), '.3f')} | {_t(r.get('clusters'), 'd')} | {status} | "
-                f"{'' if key == 'bgm' else _ratio(b, r.get('time_s'))} |")
-        lines.append(f"| PyTorch `dpgmm` | - | - | - | - | - | - | {res['dpgmm']['status']} | |")
+                f"{'' if key == 'bgm' or (key == 'dpgmm' and r.get('status') != 'done') else _ratio(b, r.get('time_s'))} |")
+        if "dpgmm" not in s:
+            lines.append(f"| PyTorch `dpgmm` | - | - | - | - | - | - | {res['dpgmm']['status']} | |")
         sc = s["subcluster"]
         c = s["subcluster_cost"]
         per = sc["seconds_per_iteration"]
@@ -609,6 +684,9 @@ def run_setting(name, cfg, args):
     print(f"[{name}] mapdp {out['mapdp']}", flush=True)
     out["bgm"] = run_bgm(X, y, 2 * cfg["k"], bgm_cov, args.cap)
     print(f"[{name}] bgm {out['bgm']}", flush=True)
+    if args.dpgmm["status"] == "installed":
+        out["dpgmm"] = run_dpgmm(X, y, bgm_cov, 2 * cfg["k"], cfg["iterations"] or 100, args.cap)
+        print(f"[{name}] dpgmm {out['dpgmm']}", flush=True)
     other = other_cpu_seconds(clock0, cpu_seconds())
     out["wall_s"] = time.perf_counter() - t0
     out["other_cpu_s"] = other
@@ -630,6 +708,7 @@ def main(argv=None):
     if args.cap is None:
         args.cap = DEFAULT_CAP_S if args.full else QUICK_CAP_S
     out_name = args.out_name or ("subcluster_full" if args.full else "subcluster")
+    args.dpgmm = dpgmm_status()
     import sklearn
 
     import jaxbnp
@@ -644,7 +723,7 @@ def main(argv=None):
         "date": utc_now(),
         "machine": machine_info(),
         "sklearn": sklearn.__version__,
-        "dpgmm": dpgmm_status(),
+        "dpgmm": args.dpgmm,
         "settings": {},
     }
     clock0 = cpu_seconds()
