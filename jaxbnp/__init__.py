@@ -63,7 +63,7 @@ _LAZY = {
     "SingleClusterWarning": ("jaxbnp.estimators", "SingleClusterWarning"),
     "NotFittedError": ("jaxbnp.estimators", "NotFittedError"),
     "fit_mapdp_chunked": ("jaxbnp.inference.distributed", "fit_mapdp_chunked"),
-    "fit_subcluster_chunked": ("jaxbnp.inference.distributed", "fit_subcluster_chunked"),
+    "fit_subcluster_chunked": ("jaxbnp.inference.partition.subcluster", "fit_subcluster_chunked"),
     "distributed": ("jaxbnp.inference.distributed", None),
     "metrics": ("jaxbnp.metrics", None),
     "diagnostics": ("jaxbnp.diagnostics", None),

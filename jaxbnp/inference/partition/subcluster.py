@@ -39,7 +39,8 @@ Every per-point quantity comes from per-point uniforms (:func:`point_noise`) and
 every per-cluster quantity from sums over points, so the same function runs on
 one device and inside ``jax.shard_map`` with ``lax.psum`` over the points'
 axis (``axis_name``): the same chain for the same key
-(:func:`sharded_iteration`; ``SubClusterMCMC(model, mesh=...)``).
+(:func:`sharded_iteration`; ``SubClusterMCMC(model, mesh=...)``). :func:`fit_subcluster_chunked`
+runs the same passes chunk by chunk over data kept in host memory.
 
 Example
 -------
@@ -58,18 +59,20 @@ set()
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.scipy.special import gammaln
 
 from ..._random import (
     cut, log_dirichlet_from_uniform, loggamma_uniforms, sizes, uniform, uniform_rows,
 )
-from ..._validation import check_int, check_real
-from .clusters import ClusterState, PartitionState
+from ..._validation import check_data, check_int, check_real
+from .clusters import CapacityError, ClusterState, PartitionState, cluster_log_joint
 from .moves import MHInfo, Move
 
 __all__ = [
@@ -81,6 +84,8 @@ __all__ = [
     "sharded_iteration",
     "subcluster_move",
     "check_measure",
+    "fit_subcluster_chunked",
+    "ChunkedSubClusterResult",
 ]
 
 
@@ -624,3 +629,328 @@ def subcluster_move(num_launch_sweeps: int = 3, mesh=None, sharpness: float = DE
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     return Move(init_fn, step_fn)
+
+
+# ----------------------------------------------------------------------------- streamed from host memory
+def _host_data(X: Any) -> Any:
+    if not hasattr(X, "shape") or not hasattr(X, "__getitem__"):
+        X = np.asarray(X)
+    if len(X.shape) != 2 or X.shape[0] == 0 or X.shape[1] == 0:
+        raise ValueError(
+            f"X must be a non-empty 2-D array (num_points, num_features), got shape {tuple(X.shape)}."
+        )
+    return X
+
+
+@jax.jit
+def _add(a, b):
+    return jax.tree.map(jnp.add, a, b)
+
+
+@jax.jit
+def _log_joint(counts, stats, measure, family):
+    return cluster_log_joint(ClusterState(None, counts, stats, None), measure, family)
+
+
+class ChunkedSubClusterResult(NamedTuple):
+    """Result of :func:`fit_subcluster_chunked`.
+
+    labels: ``(n,)`` host int32 cluster of each point after the last iteration, numbered
+        in order of first appearance (like the kernels' ``z``).
+    counts: ``(K,)`` points per cluster, in the same order.
+    num_clusters, log_joint, num_splits, num_merges: ``(num_iterations,)`` traces: the
+        number of clusters, ``log p(X, Π)`` (docs/mathematics.md §2), accepted splits and
+        merges after each iteration.
+    capacity: the cluster slots the chain ran with.
+    """
+
+    labels: np.ndarray
+    counts: np.ndarray
+    num_clusters: np.ndarray
+    log_joint: np.ndarray
+    num_splits: np.ndarray
+    num_merges: np.ndarray
+    capacity: int
+
+
+def _chunk_noise(k_noise, start, size, T, dtype):
+    return point_noise(k_noise, size, T, dtype, start=start)
+
+
+def _rng(k_iter, family, stats, T, dtype):
+    C = jax.tree.leaves(stats)[0].shape[0]
+    return _IterationRandomness(k_iter, family, stats, C, T, dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_label_draws(k_iter, counts, stats, measure, family, T):
+    dtype = jax.tree.leaves(stats)[0].dtype
+    return _label_draws(_rng(k_iter, family, stats, T, dtype), measure, family, counts,
+                                   stats, dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_propose(Xc, valid, labels_c, start, k_noise, log_w, params, family, T):
+    noise = _chunk_noise(k_noise, start, Xc.shape[0], T, Xc.dtype)
+    return _propose_labels(Xc, noise, valid, labels_c, log_w, params, family, T)
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_accept(k_iter, counts, stats, a, delta, measure, family, T):
+    dtype = jax.tree.leaves(stats)[0].dtype
+    rng = _rng(k_iter, family, stats, T, dtype)
+    counts, block_ok = _accept_blocks(rng, measure, counts, a, delta)
+    return counts, block_ok, _pairing(rng, counts.shape[0])
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_apply_labels(Xc, valid, labels_c, start, k_noise, log_w, params, block_ok, pairs, family, T):
+    noise = _chunk_noise(k_noise, start, Xc.shape[0], T, Xc.dtype)
+    proposal, block, _ = _propose_labels(Xc, noise, valid, labels_c, log_w, params,
+                                                    family, T)
+    labels_c = jnp.where(block_ok[block], proposal, labels_c)
+    pp = _point_pairs(labels_c, valid, pairs)
+    return (labels_c,) + _anchor_range(noise, pp, pairs.a_slot.shape[0])
+
+
+def _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T):
+    noise = _chunk_noise(k_noise, start, Xc.shape[0], T, Xc.dtype)
+    pp = _point_pairs(labels_c, valid, pairs)
+    return noise, pp, _anchors(noise, pp, lo, hi)
+
+
+def _sums(Xc, ids, num, family):
+    return _segment_stats(family.point_stats(Xc), ids, num, None)
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_anchor_stats(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, family, T):
+    _, pp, anchor = _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T)
+    C = pairs.pair.shape[0]
+    return _sums(Xc, _anchor_sub_ids(anchor, pp, C), C, family)[1]
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_anchor_params(k_iter, stats, anchor_stats, family, T):
+    rng = _rng(k_iter, family, stats, T, jax.tree.leaves(stats)[0].dtype)
+    return family.sample_params_from_uniform(rng.anchor, anchor_stats, rng.k_anchor)
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_first_sub_stats(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, anchor_params, family, T):
+    _, pp, anchor = _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T)
+    h = _first_sub_labels(Xc, anchor, pp, anchor_params, family)
+    C = pairs.pair.shape[0]
+    return _sums(Xc, _sub_ids(h, pp, C), C, family)
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_sub_stats(Xc, valid, labels_c, start, k_noise, pairs, t, sub_lw, sub_params, family, T):
+    """Sums of the sub-labels of launch sweep ``t`` (drawn from step ``t - 1``'s parameters)."""
+    noise = _chunk_noise(k_noise, start, Xc.shape[0], T, Xc.dtype)
+    pp = _point_pairs(labels_c, valid, pairs)
+    u = lax.dynamic_index_in_dim(noise, 1 + t, axis=1, keepdims=False)
+    h = _draw(_sub_logit(Xc, pp, sub_lw, sub_params, family), u)
+    C = pairs.pair.shape[0]
+    return _sums(Xc, _sub_ids(h, pp, C), C, family)
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_launch(k_iter, t, stats, sub_counts, sub_stats, family, T):
+    dtype = jax.tree.leaves(stats)[0].dtype
+    rng = _rng(k_iter, family, stats, T, dtype)
+    return _launch_draw(rng, t, family, sub_counts, sub_stats, dtype)
+
+
+def _sides(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw, sub_params, sharpness,
+           family, T):
+    noise = _chunk_noise(k_noise, start, Xc.shape[0], T, Xc.dtype)
+    pp = _point_pairs(labels_c, valid, pairs)
+    logit = _sub_logit(Xc, pp, sub_lw, sub_params, family)
+    _, side, t1, t2 = _split_proposal(logit, noise, labels_c, pp, split_pair,
+                                                 pairs.a_slot, sharpness, T)
+    return pp, side, t1, t2
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_split_sums(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw, sub_params,
+                   sharpness, family, T):
+    pp, side, t1, t2 = _sides(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw,
+                              sub_params, sharpness, family, T)
+    C = pairs.pair.shape[0]
+    P = pairs.a_slot.shape[0]
+    parts = _sums(Xc, jnp.where(pp.in_pair, 2 * pp.pid + side, C), 2 * P, family)
+    return t1, t2, parts
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_decide(k_iter, counts, stats, pairs, split_pair, merge_pair, t1, t2, part_counts,
+               part_stats, measure, family, T):
+    dtype = jax.tree.leaves(stats)[0].dtype
+    rng = _rng(k_iter, family, stats, T, dtype)
+    return _decide_pairs(rng, measure, family, counts, pairs, split_pair, merge_pair,
+                                    t1, t2, part_counts, part_stats, dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_move(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw, sub_params, sharpness,
+             acc_split, acc_merge, l_slot, r_slot, family, T):
+    pp, side, _, _ = _sides(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw,
+                            sub_params, sharpness, family, T)
+    labels_c = _moved_labels(labels_c, side, pp, acc_split, acc_merge, l_slot, r_slot)
+    C = pairs.pair.shape[0]
+    return (labels_c,) + _sums(Xc, jnp.where(valid, labels_c, C), C, family)
+
+
+@jax.jit
+def _sc_split_kinds(counts, pairs):
+    return _split_kinds(counts, pairs)
+
+
+@functools.partial(jax.jit, static_argnames=("capacity",))
+def _sc_stats(Xc, valid, labels_c, family, capacity):
+    return _sums(Xc, jnp.where(valid, labels_c, capacity), capacity, family)
+
+
+def fit_subcluster_chunked(
+    X: Any,
+    measure,
+    family,
+    num_iterations: int,
+    *,
+    key: jax.Array,
+    capacity: int = 64,
+    chunk_size: int = 1 << 20,
+    num_launch_sweeps: int = 3,
+    sharpness: float = DEFAULT_SHARPNESS,
+    init_labels: Any = None,
+    device: jax.Device | None = None,
+) -> ChunkedSubClusterResult:
+    """The sub-cluster split/merge chain (``SubClusterMCMC``, docs/mathematics.md §7) on data
+    kept in host memory, streamed through the device chunk by chunk.
+
+    ``X``: ``(n, D)`` NumPy array or ``np.memmap`` (never copied whole to the device).
+    Every sum over points that an iteration needs is summed chunk by chunk
+    (``num_launch_sweeps + 6`` passes over the data per iteration) and every per-point
+    draw comes from the same per-point uniforms
+    (:func:`~jaxbnp.inference.partition.point_noise`), so for the same ``key``
+    this is the chain of :func:`~jaxbnp.inference.partition.step` iterated
+    ``num_iterations`` times with keys ``jax.random.split(key, num_iterations)``, up to
+    the summation order of the statistics (float rounding). Device memory holds one chunk
+    and its per-point work; the labels (``4 n`` bytes) stay on the device.
+
+    The points are cut into ``ceil(n / chunk_size)`` chunks of equal size (the last one
+    padded by a few masked rows), so every pass is one compiled program. Starts from one cluster, or
+    from ``init_labels`` (``n`` integers in ``[0, capacity)``). DP and PitmanYor only.
+    Every chunk is validated (finite, numeric, the family's constraints) in a first pass
+    before any iteration. Raises ``CapacityError`` as soon as every slot is in use (the
+    chain could not split any more): pass a larger ``capacity``.
+    """
+    X = _host_data(X)
+    check_measure(measure, owner="fit_subcluster_chunked")
+    for name, v in (("capacity", capacity), ("chunk_size", chunk_size),
+                    ("num_iterations", num_iterations)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}.")
+    if capacity < 2:
+        raise ValueError(f"capacity must be >= 2 (a split needs two slots), got {capacity}.")
+    T = check_int("num_launch_sweeps", num_launch_sweeps, 0)
+    sharpness = check_real("sharpness", sharpness, 0.0)
+    if sharpness == 0.0:
+        raise ValueError("sharpness must be > 0 (0 would propose every split alike), got 0.")
+    n, C = int(X.shape[0]), int(capacity)
+    num_chunks = -(-n // int(chunk_size))
+    chunk_size = -(-n // num_chunks)  # equal chunks: the last one pads at most num_chunks - 1 rows
+    bounds = [(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
+    dtype = jnp.result_type(float)
+    device = device or jax.devices()[0]
+    if init_labels is None:
+        host_labels = np.zeros(n, np.int32)
+    else:
+        host_labels = np.asarray(init_labels)
+        if (host_labels.shape != (n,) or not np.issubdtype(host_labels.dtype, np.integer)
+                or host_labels.min() < 0 or host_labels.max() >= C):
+            raise ValueError(
+                f"init_labels must be {n} integers in [0, {C}), got shape {host_labels.shape}, "
+                f"dtype {host_labels.dtype}.")
+
+    def put(a):
+        return jax.device_put(a, device)
+
+    def padded(a, size):
+        pad = size - a.shape[0]
+        return a if pad == 0 else np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1), mode="edge")
+
+    def load(s, e, validate=False):
+        chunk = np.asarray(X[s:e])
+        if validate:
+            chunk = check_data(chunk, name=f"X[{s}:{e}]", family=family)
+        return put(padded(np.asarray(chunk, dtype=dtype), chunk_size))
+
+    valid = [put(np.arange(s, s + chunk_size) < e) for s, e in bounds]
+    starts = [put(np.int32(s)) for s, _ in bounds]
+    labels = [put(padded(host_labels[s:e].astype(np.int32), chunk_size)) for s, e in bounds]
+
+    def total(parts):
+        out = parts[0]
+        for p in parts[1:]:
+            out = _add(out, p)
+        return out
+
+    def each(fn, *args):
+        """``fn(X_chunk, valid, labels, start, *args)`` over the chunks."""
+        return [fn(load(s, e), valid[i], labels[i], starts[i], *args)
+                for i, (s, e) in enumerate(bounds)]
+
+    counts, stats = total([_sc_stats(load(s, e, validate=True), valid[i], labels[i], family, C)
+                           for i, (s, e) in enumerate(bounds)])
+    keys = jax.random.split(key, num_iterations)
+    trace = {f: [] for f in ("num_clusters", "log_joint", "num_splits", "num_merges")}
+    for it in range(num_iterations):
+        k_noise, k_iter = jax.random.split(keys[it])
+        # 1. labels
+        a, log_w, params = _sc_label_draws(k_iter, counts, stats, measure, family, T)
+        delta = total([out[2] for out in each(_sc_propose, k_noise, log_w, params, family, T)])
+        counts_l, block_ok, pairs = _sc_accept(k_iter, counts, stats, a, delta, measure, family, T)
+        applied = each(_sc_apply_labels, k_noise, log_w, params, block_ok, pairs, family, T)
+        labels = [out[0] for out in applied]
+        lo = functools.reduce(jnp.minimum, [out[1] for out in applied])
+        hi = functools.reduce(jnp.maximum, [out[2] for out in applied])
+        # 2. the launch: anchors, then num_launch_sweeps restricted Gibbs sweeps
+        anchor_stats = total(each(_sc_anchor_stats, k_noise, pairs, lo, hi, family, T))
+        anchor_params = _sc_anchor_params(k_iter, stats, anchor_stats, family, T)
+        sub = total(each(_sc_first_sub_stats, k_noise, pairs, lo, hi, anchor_params, family, T))
+        sub_lw, sub_params = _sc_launch(k_iter, 0, stats, *sub, family, T)
+        for t in range(1, T + 1):
+            sub = total(each(_sc_sub_stats, k_noise, pairs, t, sub_lw, sub_params, family, T))
+            sub_lw, sub_params = _sc_launch(k_iter, t, stats, *sub, family, T)
+        # 3. split and merge proposals, decided pair by pair
+        split_pair, merge_pair = _sc_split_kinds(counts_l, pairs)
+        t1, t2, (part_counts, part_stats) = total(each(
+            _sc_split_sums, k_noise, pairs, split_pair, sub_lw, sub_params, sharpness, family, T))
+        acc, _, _, l_slot, r_slot = _sc_decide(k_iter, counts_l, stats, pairs, split_pair,
+                                               merge_pair, t1, t2, part_counts, part_stats,
+                                               measure, family, T)
+        moved = each(_sc_move, k_noise, pairs, split_pair, sub_lw, sub_params, sharpness,
+                     acc & split_pair, acc & merge_pair, l_slot, r_slot, family, T)
+        labels = [out[0] for out in moved]
+        counts, stats = total([out[1:] for out in moved])
+        num_clusters = int(jnp.sum(counts > 0))
+        trace["num_clusters"].append(num_clusters)
+        trace["log_joint"].append(float(_log_joint(counts, stats, measure, family)))
+        trace["num_splits"].append(int(jnp.sum(acc & split_pair)))
+        trace["num_merges"].append(int(jnp.sum(acc & merge_pair)))
+        if num_clusters >= C and C < n:
+            raise CapacityError(
+                f"jaxbnp: all {C} cluster slots are in use after iteration {it + 1}, so the chain "
+                f"could not split any more; pass a larger capacity (e.g. {2 * C}).")
+    slots = np.concatenate([np.asarray(lab)[:e - s] for lab, (s, e) in zip(labels, bounds)])
+    _, first, inverse = np.unique(slots, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    canonical = rank[inverse].astype(np.int32)
+    return ChunkedSubClusterResult(
+        canonical, np.bincount(canonical).astype(np.int64),
+        *(np.asarray(trace[f]) for f in ("num_clusters", "log_joint", "num_splits", "num_merges")),
+        C)
