@@ -15,7 +15,7 @@ same key for both runs, from one cluster.
   iteration is (wall time - the one-iteration call's wall time) / (iterations - 1), which
   takes compilation and the validation pass out.
 
-Columns: seconds per iteration, the bytes of ``X`` read per iteration (``(T + 6) n D 4``)
+Columns: seconds per iteration, the bytes of ``X`` read per iteration (``(T + 5) n D 4``)
 and the rate achieved, the NMI against the truth after the last iteration, and whether
 the streamed chain's labels equal the in-memory chain's (float32: the statistics are
 summed in another order, so draws differ by rounding and the two chains drift apart;
@@ -49,6 +49,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxbnp as bnp  # noqa: E402
 from jaxbnp.inference.partition import subcluster  # noqa: E402
+from jaxbnp.inference.partition.clusters import compact_labels  # noqa: E402
 
 CAPACITY = 64
 T = 3
@@ -102,7 +103,7 @@ def main(argv=None):
     family = bnp.NormalGamma.from_data(X[:100_000])
     key = jax.random.key(0)
     n, D = X.shape
-    bytes_per_iteration = (T + 6) * n * D * X.itemsize
+    bytes_per_iteration = (T + 5) * n * D * X.itemsize
     rows = []
     mem_labels = None
     if not args.no_memory:
@@ -115,10 +116,7 @@ def main(argv=None):
         res, s = streamed(np.load(path, mmap_mode="r"), family, key, args.iterations, args.chunk_size)
     same = None
     if mem_labels is not None:
-        _, first, inverse = np.unique(mem_labels, return_index=True, return_inverse=True)
-        rank = np.empty(first.size, int)
-        rank[np.argsort(first)] = np.arange(first.size)
-        same = float(np.mean(rank[inverse] == res.labels))
+        same = float(np.mean(compact_labels(mem_labels) == res.labels))
     rows.append(dict(method=f"streamed from a memmap (`fit_subcluster_chunked`, chunks of "
                             f"{args.chunk_size:,})", s_per_iteration=s, nmi=nmi(y, res.labels),
                      num_clusters=int(res.num_clusters[-1]), gb_per_s=bytes_per_iteration / s / 1e9,
@@ -143,7 +141,7 @@ def main(argv=None):
         f"{n:,} x {D} points from 30 Gaussians (`subcluster.py`'s d10 generator), DP(1), "
         f"NormalGamma.from_data, capacity {CAPACITY}, {T} launch sweeps, {args.iterations} "
         f"iterations from one cluster, the same key. The Bayes classifier's NMI: "
-        f"{out['oracle_nmi']:.3f}. Streaming reads X {T + 6} times per iteration "
+        f"{out['oracle_nmi']:.3f}. Streaming reads X {T + 5} times per iteration "
         f"({bytes_per_iteration / 1e9:.2f} GB).",
         "",
         "| run | s / iteration | X read, GB/s | NMI after the last iteration | K | labels equal to in-memory |",

@@ -52,6 +52,19 @@ def check_data(X: Any, name: str = "X", family=None) -> np.ndarray:
     return arr
 
 
+def check_host_array(X: Any) -> Any:
+    """``X`` as a non-empty ``(n, D)`` array left where it is (a NumPy array or a
+    ``np.memmap`` is not read; anything else goes through ``np.asarray``), or raise. The
+    chunked fits validate the values chunk by chunk (:func:`check_data`)."""
+    if not hasattr(X, "shape") or not hasattr(X, "__getitem__"):
+        X = np.asarray(X)
+    if len(X.shape) != 2 or X.shape[0] == 0 or X.shape[1] == 0:
+        raise ValueError(
+            f"X must be a non-empty 2-D array (num_points, num_features), got shape {tuple(X.shape)}."
+        )
+    return X
+
+
 def check_labels(labels: Any, num_points: int, name: str = "labels") -> np.ndarray:
     """Return integer labels of length ``num_points`` (any non-negative ids), or raise."""
     arr = np.asarray(labels)

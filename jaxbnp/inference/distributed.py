@@ -52,8 +52,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._validation import check_data
-from .partition.clusters import CapacityError, ClusterState, cluster_log_joint
+from .._pytree import tree_add
+from .._validation import check_data, check_host_array, check_int
+from .partition.clusters import CapacityError, ClusterState, log_joint_of_sums
 from .partition.mapdp import batched_sweep
 from .partition.subcluster import ChunkedSubClusterResult, fit_subcluster_chunked
 from .sharded import (
@@ -141,26 +142,6 @@ def _chunk_sweep(labels_c, counts, stats, overflow, Xc, measure: Measure, family
     return st.labels, st.counts, st.stats, st.overflow, chunk_counts, chunk_stats, jnp.any(st.labels != old)
 
 
-@jax.jit
-def _add(a, b):
-    return jax.tree.map(jnp.add, a, b)
-
-
-@jax.jit
-def _nll(counts, stats, measure, family):
-    return -cluster_log_joint(ClusterState(None, counts, stats, None), measure, family)
-
-
-def _check_host_data(X: Any) -> Any:
-    if not hasattr(X, "shape") or not hasattr(X, "__getitem__"):
-        X = np.asarray(X)
-    if len(X.shape) != 2 or X.shape[0] == 0 or X.shape[1] == 0:
-        raise ValueError(
-            f"X must be a non-empty 2-D array (num_points, num_features), got shape {tuple(X.shape)}."
-        )
-    return X
-
-
 def fit_mapdp_chunked(
     X: Any,
     measure: Measure,
@@ -183,11 +164,10 @@ def fit_mapdp_chunked(
     before any sweep. Two jitted programs (full chunks and the last, shorter
     chunk). Raises ``CapacityError`` if the clusters outgrow ``capacity``.
     """
-    X = _check_host_data(X)
-    for name, v in (("capacity", capacity), ("chunk_size", chunk_size), ("block_size", block_size),
-                    ("max_iter", max_iter)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}.")
+    X = check_host_array(X)
+    capacity, chunk_size, block_size, max_iter = (
+        check_int(name, v, 1) for name, v in (("capacity", capacity), ("chunk_size", chunk_size),
+                                              ("block_size", block_size), ("max_iter", max_iter)))
     n = int(X.shape[0])
     chunk_size = max(block_size, (chunk_size // block_size) * block_size)
     bounds = [(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
@@ -206,8 +186,8 @@ def fit_mapdp_chunked(
     for s, e in bounds:
         c, st = _chunk_stats(load(s, e, validate=True), jax.device_put(labels[s:e], device), family,
                              capacity)
-        counts, stats = (c, st) if counts is None else _add((counts, stats), (c, st))
-    nll = _nll(counts, stats, measure, family)
+        counts, stats = (c, st) if counts is None else tree_add((counts, stats), (c, st))
+    nll = -log_joint_of_sums(counts, stats, measure, family)
     trace = [float(nll)]
     overflow = jax.device_put(np.asarray(False), device)
     it = 0
@@ -219,7 +199,7 @@ def fit_mapdp_chunked(
             out = _chunk_sweep(jax.device_put(labels[s:e], device), counts, stats, overflow,
                                load(s, e), measure, family, block_size)
             lab_c, counts, stats, overflow, c_counts, c_stats, ch = out
-            acc = (c_counts, c_stats) if acc is None else _add(acc, (c_counts, c_stats))
+            acc = (c_counts, c_stats) if acc is None else tree_add(acc, (c_counts, c_stats))
             changed.append(ch)
             pending.append((s, e, lab_c))
             if len(pending) > 2:
@@ -234,7 +214,7 @@ def fit_mapdp_chunked(
             )
         # statistics rebuilt from the labels: the NLL is exact, not a sum of updates
         counts, stats = acc
-        new_nll = float(_nll(counts, stats, measure, family))
+        new_nll = -float(log_joint_of_sums(counts, stats, measure, family))
         it += 1
         trace.append(new_nll)
         done = (nll - new_nll < tol) or not any(bool(c) for c in changed)

@@ -37,6 +37,7 @@ __all__ = [
     "canonical_labels",
     "first_free_slot",
     "cluster_log_joint",
+    "log_joint_of_sums",
     "tree_index",
     "CapacityError",
     "raise_if_overflow",
@@ -126,6 +127,13 @@ def cluster_log_joint(clusters: ClusterState, measure, family, u=None) -> jax.Ar
     """
     lm = jnp.where(clusters.counts > 0, family.log_marginal(clusters.stats), 0.0)
     return jnp.sum(lm) + measure.log_eppf(clusters.counts, u if measure.has_auxiliary else None)
+
+
+@jax.jit
+def log_joint_of_sums(counts, stats, measure, family) -> jax.Array:
+    """:func:`cluster_log_joint` from per-slot counts and statistics alone, compiled: the
+    chunked fits hold the sums, not the labels."""
+    return cluster_log_joint(ClusterState(None, counts, stats, None), measure, family)
 
 
 def tree_index(tree, i):

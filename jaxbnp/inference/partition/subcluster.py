@@ -71,8 +71,9 @@ from jax.scipy.special import gammaln
 from ..._random import (
     cut, log_dirichlet_from_uniform, loggamma_uniforms, sizes, uniform, uniform_rows,
 )
-from ..._validation import check_data, check_int, check_real
-from .clusters import CapacityError, ClusterState, PartitionState, cluster_log_joint
+from ..._pytree import tree_add
+from ..._validation import check_data, check_host_array, check_int, check_real
+from .clusters import CapacityError, ClusterState, PartitionState, compact_labels, log_joint_of_sums
 from .moves import MHInfo, Move
 
 __all__ = [
@@ -215,6 +216,7 @@ def _segment_stats(point_stats, ids, num, axis_name):
     return _psum((counts, stats), axis_name)
 
 
+@jax.tree_util.register_pytree_node_class
 class _IterationRandomness:
     """Every per-cluster random number of one iteration, from one uniform draw (on a CPU each
     ``jax.random`` call costs a loop of small operations, whatever its size): the label
@@ -222,29 +224,55 @@ class _IterationRandomness:
     step's weights (``w``) and parameters (``theta``), the anchors' parameters, then one block
     per launch step (:meth:`launch`: sub-weights, sub-parameters). The ``k_*`` keys feed
     only the Gamma draws' rare rejection redraws (``jaxbnp._random``), ``k_match`` the slot
-    matching. ``stats``: any statistics with the ``capacity`` leading axis."""
+    matching. ``stats``: any statistics with the ``capacity`` leading axis.
+
+    A pytree (leaves: the uniforms and the keys; the shapes are static), so the streamed
+    chain draws it once per iteration and passes it to each compiled per-cluster step."""
 
     def __init__(self, key, family, stats, capacity: int, num_launch_sweeps: int, dtype):
         C, T, B = capacity, num_launch_sweeps, LABEL_BLOCKS
         P, Ph = C // 2, (C + 1) // 2  # pairs; Dirichlet pairs of sub-clusters (odd C: one pad)
         keys = jax.random.split(key, 5 + 2 * (T + 1))
-        k_unif, self.k_match, self.k_w, self.k_theta, self.k_anchor = keys[:5]
-        self._launch_keys = keys[5:].reshape(T + 1, 2)
-        param_shapes, _ = family.param_uniforms(stats)
-        head = [(B,), (P,), (P,), loggamma_uniforms((C,))] + param_shapes + param_shapes
-        self._launch_shapes = [loggamma_uniforms((Ph, 2))] + param_shapes
-        self._head_size, self._launch_size = sum(sizes(head)), sum(sizes(self._launch_shapes))
-        self._flat = uniform(k_unif, (self._head_size + (T + 1) * self._launch_size,), dtype)
-        self.blocks, self.orient, self.accept, self.w, *rest = cut(self._flat[:self._head_size], head)
-        self.theta, self.anchor = rest[:len(param_shapes)], rest[len(param_shapes):]
+        param_shapes = [tuple(shape) for shape in family.param_uniforms(stats)[0]]
+        head = ((B,), (P,), (P,), loggamma_uniforms((C,)), *param_shapes, *param_shapes)
+        launch = (loggamma_uniforms((Ph, 2)), *param_shapes)
+        size = sum(sizes(head)) + (T + 1) * sum(sizes(launch))
+        self._flat, self._keys = uniform(keys[0], (size,), dtype), keys[1:]
+        self._shapes = (head, launch, len(param_shapes))
+
+    def tree_flatten(self):
+        return (self._flat, self._keys), self._shapes
+
+    @classmethod
+    def tree_unflatten(cls, shapes, leaves):
+        rng = object.__new__(cls)
+        (rng._flat, rng._keys), rng._shapes = leaves, shapes
+        return rng
+
+    def _head(self):
+        head = self._shapes[0]
+        return cut(self._flat[:sum(sizes(head))], head)
+
+    blocks = property(lambda self: self._head()[0])
+    orient = property(lambda self: self._head()[1])
+    accept = property(lambda self: self._head()[2])
+    w = property(lambda self: self._head()[3])
+    theta = property(lambda self: self._head()[4:4 + self._shapes[2]])
+    anchor = property(lambda self: self._head()[4 + self._shapes[2]:])
+    k_match = property(lambda self: self._keys[0])
+    k_w = property(lambda self: self._keys[1])
+    k_theta = property(lambda self: self._keys[2])
+    k_anchor = property(lambda self: self._keys[3])
 
     def launch(self, t):
         """Launch step ``t``'s uniforms and redraw keys: ``(u_sub_weights, u_sub_params,
         key_sub_weights, key_sub_params)``."""
-        block = lax.dynamic_slice_in_dim(self._flat, self._head_size + t * self._launch_size,
-                                         self._launch_size)
-        u_sw, *u_sp = cut(block, self._launch_shapes)
-        return u_sw, u_sp, self._launch_keys[t, 0], self._launch_keys[t, 1]
+        head, launch, _ = self._shapes
+        size = sum(sizes(launch))
+        block = lax.dynamic_slice_in_dim(self._flat, sum(sizes(head)) + t * size, size)
+        u_sw, *u_sp = cut(block, launch)
+        keys = self._keys[4:].reshape(-1, 2)
+        return u_sw, u_sp, keys[t, 0], keys[t, 1]
 
 
 # ----------------------------------------------------------------------------- the stages
@@ -632,26 +660,6 @@ def subcluster_move(num_launch_sweeps: int = 3, mesh=None, sharpness: float = DE
 
 
 # ----------------------------------------------------------------------------- streamed from host memory
-def _host_data(X: Any) -> Any:
-    if not hasattr(X, "shape") or not hasattr(X, "__getitem__"):
-        X = np.asarray(X)
-    if len(X.shape) != 2 or X.shape[0] == 0 or X.shape[1] == 0:
-        raise ValueError(
-            f"X must be a non-empty 2-D array (num_points, num_features), got shape {tuple(X.shape)}."
-        )
-    return X
-
-
-@jax.jit
-def _add(a, b):
-    return jax.tree.map(jnp.add, a, b)
-
-
-@jax.jit
-def _log_joint(counts, stats, measure, family):
-    return cluster_log_joint(ClusterState(None, counts, stats, None), measure, family)
-
-
 class ChunkedSubClusterResult(NamedTuple):
     """Result of :func:`fit_subcluster_chunked`.
 
@@ -673,72 +681,78 @@ class ChunkedSubClusterResult(NamedTuple):
     capacity: int
 
 
-def _chunk_noise(k_noise, start, size, T, dtype):
-    return point_noise(k_noise, size, T, dtype, start=start)
+# The compiled steps of the streamed chain. Per-cluster steps take the iteration's
+# randomness, drawn once (``_sc_randomness``). Passes take one chunk's rows (``Xc`` where
+# they need the data, ``valid``, ``labels_c``, the chunk's first row ``start``) and the
+# iteration's noise key, and redraw their rows' uniforms (cheaper than keeping ``T + 4``
+# floats per point on the device).
 
 
-def _rng(k_iter, family, stats, T, dtype):
-    C = jax.tree.leaves(stats)[0].shape[0]
-    return _IterationRandomness(k_iter, family, stats, C, T, dtype)
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_label_draws(k_iter, counts, stats, measure, family, T):
-    dtype = jax.tree.leaves(stats)[0].dtype
-    return _label_draws(_rng(k_iter, family, stats, T, dtype), measure, family, counts,
-                                   stats, dtype)
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_propose(Xc, valid, labels_c, start, k_noise, log_w, params, family, T):
-    noise = _chunk_noise(k_noise, start, Xc.shape[0], T, Xc.dtype)
-    return _propose_labels(Xc, noise, valid, labels_c, log_w, params, family, T)
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_accept(k_iter, counts, stats, a, delta, measure, family, T):
-    dtype = jax.tree.leaves(stats)[0].dtype
-    rng = _rng(k_iter, family, stats, T, dtype)
-    counts, block_ok = _accept_blocks(rng, measure, counts, a, delta)
-    return counts, block_ok, _pairing(rng, counts.shape[0])
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_apply_labels(Xc, valid, labels_c, start, k_noise, log_w, params, block_ok, pairs, family, T):
-    noise = _chunk_noise(k_noise, start, Xc.shape[0], T, Xc.dtype)
-    proposal, block, _ = _propose_labels(Xc, noise, valid, labels_c, log_w, params,
-                                                    family, T)
-    labels_c = jnp.where(block_ok[block], proposal, labels_c)
-    pp = _point_pairs(labels_c, valid, pairs)
-    return (labels_c,) + _anchor_range(noise, pp, pairs.a_slot.shape[0])
-
-
-def _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T):
-    noise = _chunk_noise(k_noise, start, Xc.shape[0], T, Xc.dtype)
-    pp = _point_pairs(labels_c, valid, pairs)
-    return noise, pp, _anchors(noise, pp, lo, hi)
+def _dtype(stats):
+    return jax.tree.leaves(stats)[0].dtype
 
 
 def _sums(Xc, ids, num, family):
     return _segment_stats(family.point_stats(Xc), ids, num, None)
 
 
+@functools.partial(jax.jit, static_argnames=("capacity", "T"))
+def _sc_randomness(k_iter, stats, family, capacity, T):
+    return _IterationRandomness(k_iter, family, stats, capacity, T, _dtype(stats))
+
+
+@jax.jit
+def _sc_label_draws(rng, counts, stats, measure, family):
+    return _label_draws(rng, measure, family, counts, stats, _dtype(stats))
+
+
+@functools.partial(jax.jit, static_argnames=("T",))
+def _sc_propose(Xc, valid, labels_c, start, k_noise, log_w, params, family, T):
+    """Pass: the proposed labels and blocks (kept on the device until the blocks are
+    decided) and the blocks' changes of counts."""
+    noise = point_noise(k_noise, Xc.shape[0], T, Xc.dtype, start=start)
+    return _propose_labels(Xc, noise, valid, labels_c, log_w, params, family, T)
+
+
+@jax.jit
+def _sc_accept(rng, counts, a, delta, measure):
+    """The blocks' decisions, the pairing, and which pairs propose a split or a merge."""
+    counts, block_ok = _accept_blocks(rng, measure, counts, a, delta)
+    pairs = _pairing(rng, counts.shape[0])
+    return (counts, block_ok, pairs) + _split_kinds(counts, pairs)
+
+
+@functools.partial(jax.jit, static_argnames=("T", "dtype"))
+def _sc_apply_labels(valid, labels_c, start, proposal, block, k_noise, block_ok, pairs, T, dtype):
+    """Pass (no data read): the accepted blocks' labels, and the chunk's anchor range per pair."""
+    labels_c = jnp.where(block_ok[block], proposal, labels_c)
+    noise = point_noise(k_noise, labels_c.shape[0], T, dtype, start=start)
+    pp = _point_pairs(labels_c, valid, pairs)
+    return (labels_c,) + _anchor_range(noise, pp, pairs.a_slot.shape[0])
+
+
+def _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T):
+    noise = point_noise(k_noise, Xc.shape[0], T, Xc.dtype, start=start)
+    pp = _point_pairs(labels_c, valid, pairs)
+    return pp, _anchors(noise, pp, lo, hi)
+
+
 @functools.partial(jax.jit, static_argnames=("T",))
 def _sc_anchor_stats(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, family, T):
-    _, pp, anchor = _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T)
+    pp, anchor = _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T)
     C = pairs.pair.shape[0]
     return _sums(Xc, _anchor_sub_ids(anchor, pp, C), C, family)[1]
 
 
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_anchor_params(k_iter, stats, anchor_stats, family, T):
-    rng = _rng(k_iter, family, stats, T, jax.tree.leaves(stats)[0].dtype)
+@jax.jit
+def _sc_anchor_params(rng, anchor_stats, family):
     return family.sample_params_from_uniform(rng.anchor, anchor_stats, rng.k_anchor)
 
 
 @functools.partial(jax.jit, static_argnames=("T",))
 def _sc_first_sub_stats(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, anchor_params, family, T):
-    _, pp, anchor = _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T)
+    """Pass: sums of the launch's first sub-labels (from the anchors)."""
+    pp, anchor = _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T)
     h = _first_sub_labels(Xc, anchor, pp, anchor_params, family)
     C = pairs.pair.shape[0]
     return _sums(Xc, _sub_ids(h, pp, C), C, family)
@@ -746,8 +760,8 @@ def _sc_first_sub_stats(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, anch
 
 @functools.partial(jax.jit, static_argnames=("T",))
 def _sc_sub_stats(Xc, valid, labels_c, start, k_noise, pairs, t, sub_lw, sub_params, family, T):
-    """Sums of the sub-labels of launch sweep ``t`` (drawn from step ``t - 1``'s parameters)."""
-    noise = _chunk_noise(k_noise, start, Xc.shape[0], T, Xc.dtype)
+    """Pass: sums of the sub-labels of launch sweep ``t`` (drawn from step ``t - 1``'s parameters)."""
+    noise = point_noise(k_noise, Xc.shape[0], T, Xc.dtype, start=start)
     pp = _point_pairs(labels_c, valid, pairs)
     u = lax.dynamic_index_in_dim(noise, 1 + t, axis=1, keepdims=False)
     h = _draw(_sub_logit(Xc, pp, sub_lw, sub_params, family), u)
@@ -755,56 +769,40 @@ def _sc_sub_stats(Xc, valid, labels_c, start, k_noise, pairs, t, sub_lw, sub_par
     return _sums(Xc, _sub_ids(h, pp, C), C, family)
 
 
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_launch(k_iter, t, stats, sub_counts, sub_stats, family, T):
-    dtype = jax.tree.leaves(stats)[0].dtype
-    rng = _rng(k_iter, family, stats, T, dtype)
-    return _launch_draw(rng, t, family, sub_counts, sub_stats, dtype)
-
-
-def _sides(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw, sub_params, sharpness,
-           family, T):
-    noise = _chunk_noise(k_noise, start, Xc.shape[0], T, Xc.dtype)
-    pp = _point_pairs(labels_c, valid, pairs)
-    logit = _sub_logit(Xc, pp, sub_lw, sub_params, family)
-    _, side, t1, t2 = _split_proposal(logit, noise, labels_c, pp, split_pair,
-                                                 pairs.a_slot, sharpness, T)
-    return pp, side, t1, t2
+@jax.jit
+def _sc_launch(rng, t, sub_counts, sub_stats, family):
+    return _launch_draw(rng, t, family, sub_counts, sub_stats, _dtype(sub_stats))
 
 
 @functools.partial(jax.jit, static_argnames=("T",))
 def _sc_split_sums(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw, sub_params,
                    sharpness, family, T):
-    pp, side, t1, t2 = _sides(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw,
-                              sub_params, sharpness, family, T)
-    C = pairs.pair.shape[0]
-    P = pairs.a_slot.shape[0]
-    parts = _sums(Xc, jnp.where(pp.in_pair, 2 * pp.pid + side, C), 2 * P, family)
-    return t1, t2, parts
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_decide(k_iter, counts, stats, pairs, split_pair, merge_pair, t1, t2, part_counts,
-               part_stats, measure, family, T):
-    dtype = jax.tree.leaves(stats)[0].dtype
-    rng = _rng(k_iter, family, stats, T, dtype)
-    return _decide_pairs(rng, measure, family, counts, pairs, split_pair, merge_pair,
-                                    t1, t2, part_counts, part_stats, dtype)
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_move(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw, sub_params, sharpness,
-             acc_split, acc_merge, l_slot, r_slot, family, T):
-    pp, side, _, _ = _sides(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw,
-                            sub_params, sharpness, family, T)
-    labels_c = _moved_labels(labels_c, side, pp, acc_split, acc_merge, l_slot, r_slot)
-    C = pairs.pair.shape[0]
-    return (labels_c,) + _sums(Xc, jnp.where(valid, labels_c, C), C, family)
+    """Pass: each point's side of its pair's proposal (kept on the device until the pairs are
+    decided), the proposal's log-probability sums and the parts' statistics."""
+    noise = point_noise(k_noise, Xc.shape[0], T, Xc.dtype, start=start)
+    pp = _point_pairs(labels_c, valid, pairs)
+    logit = _sub_logit(Xc, pp, sub_lw, sub_params, family)
+    _, side, t1, t2 = _split_proposal(logit, noise, labels_c, pp, split_pair, pairs.a_slot,
+                                      sharpness, T)
+    C, P = pairs.pair.shape[0], pairs.a_slot.shape[0]
+    return side, t1, t2, _sums(Xc, jnp.where(pp.in_pair, 2 * pp.pid + side, C), 2 * P, family)
 
 
 @jax.jit
-def _sc_split_kinds(counts, pairs):
-    return _split_kinds(counts, pairs)
+def _sc_decide(rng, counts, pairs, split_pair, merge_pair, t1, t2, part_counts, part_stats,
+               measure, family):
+    return _decide_pairs(rng, measure, family, counts, pairs, split_pair, merge_pair, t1, t2,
+                         part_counts, part_stats, _dtype(part_stats))
+
+
+@jax.jit
+def _sc_move(Xc, valid, labels_c, start, side, pairs, acc_split, acc_merge, l_slot, r_slot, family):
+    """Pass: the labels after the accepted moves and their statistics (``start`` unused: the
+    moves draw nothing)."""
+    pp = _point_pairs(labels_c, valid, pairs)
+    labels_c = _moved_labels(labels_c, side, pp, acc_split, acc_merge, l_slot, r_slot)
+    C = pairs.pair.shape[0]
+    return (labels_c,) + _sums(Xc, jnp.where(valid, labels_c, C), C, family)
 
 
 @functools.partial(jax.jit, static_argnames=("capacity",))
@@ -830,36 +828,35 @@ def fit_subcluster_chunked(
     kept in host memory, streamed through the device chunk by chunk.
 
     ``X``: ``(n, D)`` NumPy array or ``np.memmap`` (never copied whole to the device).
-    Every sum over points that an iteration needs is summed chunk by chunk
-    (``num_launch_sweeps + 6`` passes over the data per iteration) and every per-point
-    draw comes from the same per-point uniforms
-    (:func:`~jaxbnp.inference.partition.point_noise`), so for the same ``key``
-    this is the chain of :func:`~jaxbnp.inference.partition.step` iterated
-    ``num_iterations`` times with keys ``jax.random.split(key, num_iterations)``, up to
-    the summation order of the statistics (float rounding). Device memory holds one chunk
-    and its per-point work; the labels (``4 n`` bytes) stay on the device.
+    Every sum over points that an iteration needs is summed chunk by chunk (the data are
+    read ``num_launch_sweeps + 5`` times per iteration) and every per-point draw comes from
+    the same per-point uniforms (:func:`point_noise`), so for the same ``key`` this is the
+    chain of :func:`step` iterated ``num_iterations`` times with keys
+    ``jax.random.split(key, num_iterations)``, up to the summation order of the statistics
+    (float rounding). Device memory holds one chunk and its per-point work; the labels
+    (``4 n`` bytes) stay on the device, and within an iteration the proposed labels and
+    label blocks, then each point's side of its pair's proposal (``8 n`` bytes at most).
 
     The points are cut into ``ceil(n / chunk_size)`` chunks of equal size (the last one
-    padded by a few masked rows), so every pass is one compiled program. Starts from one cluster, or
-    from ``init_labels`` (``n`` integers in ``[0, capacity)``). DP and PitmanYor only.
-    Every chunk is validated (finite, numeric, the family's constraints) in a first pass
-    before any iteration. Raises ``CapacityError`` as soon as every slot is in use (the
+    padded by a few masked rows), so every pass is one compiled program. Starts from one
+    cluster, or from ``init_labels`` (``n`` integers in ``[0, capacity)``). DP and PitmanYor
+    only. Every chunk is validated (finite, numeric, the family's constraints) in a first
+    pass before any iteration. Raises ``CapacityError`` as soon as every slot is in use (the
     chain could not split any more): pass a larger ``capacity``.
     """
-    X = _host_data(X)
+    X = check_host_array(X)
     check_measure(measure, owner="fit_subcluster_chunked")
-    for name, v in (("capacity", capacity), ("chunk_size", chunk_size),
-                    ("num_iterations", num_iterations)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}.")
-    if capacity < 2:
-        raise ValueError(f"capacity must be >= 2 (a split needs two slots), got {capacity}.")
+    C = check_int("capacity", capacity, 1)
+    chunk_size = check_int("chunk_size", chunk_size, 1)
+    num_iterations = check_int("num_iterations", num_iterations, 1)
+    if C < 2:
+        raise ValueError(f"capacity must be >= 2 (a split needs two slots), got {C}.")
     T = check_int("num_launch_sweeps", num_launch_sweeps, 0)
     sharpness = check_real("sharpness", sharpness, 0.0)
     if sharpness == 0.0:
         raise ValueError("sharpness must be > 0 (0 would propose every split alike), got 0.")
-    n, C = int(X.shape[0]), int(capacity)
-    num_chunks = -(-n // int(chunk_size))
+    n = int(X.shape[0])
+    num_chunks = -(-n // chunk_size)
     chunk_size = -(-n // num_chunks)  # equal chunks: the last one pads at most num_chunks - 1 rows
     bounds = [(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
     dtype = jnp.result_type(float)
@@ -892,14 +889,12 @@ def fit_subcluster_chunked(
     labels = [put(padded(host_labels[s:e].astype(np.int32), chunk_size)) for s, e in bounds]
 
     def total(parts):
-        out = parts[0]
-        for p in parts[1:]:
-            out = _add(out, p)
-        return out
+        return functools.reduce(tree_add, parts)
 
-    def each(fn, *args):
-        """``fn(X_chunk, valid, labels, start, *args)`` over the chunks."""
-        return [fn(load(s, e), valid[i], labels[i], starts[i], *args)
+    def each(fn, *args, per_chunk=()):
+        """``fn(X_chunk, valid, labels, start, *chunk's entries of per_chunk, *args)`` over
+        the chunks: one read of the data."""
+        return [fn(load(s, e), valid[i], labels[i], starts[i], *(p[i] for p in per_chunk), *args)
                 for i, (s, e) in enumerate(bounds)]
 
     counts, stats = total([_sc_stats(load(s, e, validate=True), valid[i], labels[i], family, C)
@@ -908,48 +903,48 @@ def fit_subcluster_chunked(
     trace = {f: [] for f in ("num_clusters", "log_joint", "num_splits", "num_merges")}
     for it in range(num_iterations):
         k_noise, k_iter = jax.random.split(keys[it])
+        rng = _sc_randomness(k_iter, stats, family, C, T)
         # 1. labels
-        a, log_w, params = _sc_label_draws(k_iter, counts, stats, measure, family, T)
-        delta = total([out[2] for out in each(_sc_propose, k_noise, log_w, params, family, T)])
-        counts_l, block_ok, pairs = _sc_accept(k_iter, counts, stats, a, delta, measure, family, T)
-        applied = each(_sc_apply_labels, k_noise, log_w, params, block_ok, pairs, family, T)
+        a, log_w, params = _sc_label_draws(rng, counts, stats, measure, family)
+        proposal, block, delta = zip(*each(_sc_propose, k_noise, log_w, params, family, T))
+        counts_l, block_ok, pairs, split_pair, merge_pair = _sc_accept(rng, counts, a,
+                                                                       total(delta), measure)
+        applied = [_sc_apply_labels(valid[i], labels[i], starts[i], proposal[i], block[i],
+                                    k_noise, block_ok, pairs, T, dtype)
+                   for i in range(len(bounds))]
         labels = [out[0] for out in applied]
         lo = functools.reduce(jnp.minimum, [out[1] for out in applied])
         hi = functools.reduce(jnp.maximum, [out[2] for out in applied])
         # 2. the launch: anchors, then num_launch_sweeps restricted Gibbs sweeps
         anchor_stats = total(each(_sc_anchor_stats, k_noise, pairs, lo, hi, family, T))
-        anchor_params = _sc_anchor_params(k_iter, stats, anchor_stats, family, T)
+        anchor_params = _sc_anchor_params(rng, anchor_stats, family)
         sub = total(each(_sc_first_sub_stats, k_noise, pairs, lo, hi, anchor_params, family, T))
-        sub_lw, sub_params = _sc_launch(k_iter, 0, stats, *sub, family, T)
+        sub_lw, sub_params = _sc_launch(rng, 0, *sub, family)
         for t in range(1, T + 1):
             sub = total(each(_sc_sub_stats, k_noise, pairs, t, sub_lw, sub_params, family, T))
-            sub_lw, sub_params = _sc_launch(k_iter, t, stats, *sub, family, T)
+            sub_lw, sub_params = _sc_launch(rng, t, *sub, family)
         # 3. split and merge proposals, decided pair by pair
-        split_pair, merge_pair = _sc_split_kinds(counts_l, pairs)
-        t1, t2, (part_counts, part_stats) = total(each(
-            _sc_split_sums, k_noise, pairs, split_pair, sub_lw, sub_params, sharpness, family, T))
-        acc, _, _, l_slot, r_slot = _sc_decide(k_iter, counts_l, stats, pairs, split_pair,
-                                               merge_pair, t1, t2, part_counts, part_stats,
-                                               measure, family, T)
-        moved = each(_sc_move, k_noise, pairs, split_pair, sub_lw, sub_params, sharpness,
-                     acc & split_pair, acc & merge_pair, l_slot, r_slot, family, T)
+        side, t1, t2, parts = zip(*each(_sc_split_sums, k_noise, pairs, split_pair, sub_lw,
+                                        sub_params, sharpness, family, T))
+        acc, _, _, l_slot, r_slot = _sc_decide(rng, counts_l, pairs, split_pair, merge_pair,
+                                               total(t1), total(t2), *total(parts), measure,
+                                               family)
+        acc_split, acc_merge = acc & split_pair, acc & merge_pair
+        moved = each(_sc_move, pairs, acc_split, acc_merge, l_slot, r_slot, family,
+                     per_chunk=(side,))
         labels = [out[0] for out in moved]
         counts, stats = total([out[1:] for out in moved])
         num_clusters = int(jnp.sum(counts > 0))
         trace["num_clusters"].append(num_clusters)
-        trace["log_joint"].append(float(_log_joint(counts, stats, measure, family)))
-        trace["num_splits"].append(int(jnp.sum(acc & split_pair)))
-        trace["num_merges"].append(int(jnp.sum(acc & merge_pair)))
+        trace["log_joint"].append(float(log_joint_of_sums(counts, stats, measure, family)))
+        trace["num_splits"].append(int(jnp.sum(acc_split)))
+        trace["num_merges"].append(int(jnp.sum(acc_merge)))
         if num_clusters >= C and C < n:
             raise CapacityError(
                 f"jaxbnp: all {C} cluster slots are in use after iteration {it + 1}, so the chain "
                 f"could not split any more; pass a larger capacity (e.g. {2 * C}).")
-    slots = np.concatenate([np.asarray(lab)[:e - s] for lab, (s, e) in zip(labels, bounds)])
-    _, first, inverse = np.unique(slots, return_index=True, return_inverse=True)
-    order = np.argsort(first)
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    canonical = rank[inverse].astype(np.int32)
+    canonical = compact_labels(
+        np.concatenate([np.asarray(lab)[:e - s] for lab, (s, e) in zip(labels, bounds)]))
     return ChunkedSubClusterResult(
         canonical, np.bincount(canonical).astype(np.int64),
         *(np.asarray(trace[f]) for f in ("num_clusters", "log_joint", "num_splits", "num_merges")),
