@@ -69,6 +69,9 @@ ALPHA = 1.0
 DATASETS = ("toy", "10k")
 PAPER_CPP_SECONDS_PER_SWEEP_10K = 10.7
 TARGET_10K_SECONDS = 0.1
+#: issue #21: the ground-truth 10k sweep (K = 119) in at most 50 ms, at least 10x NumPy
+TARGET_POSTERIOR_SECONDS = 0.05
+TARGET_POSTERIOR_SPEEDUP = 10.0
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -554,7 +557,10 @@ def make_markdown(res: dict) -> str:
          lambda n: cell(n, ["jax_single", "overflow_check"],
                         lambda v: (f"sweep {v['overflow_at_sweep']}" if v["overflow_at_sweep"]
                                    else f"none in {v['max_sweeps']} sweeps (K={v['num_clusters_last']})"))),
-        ("1 chain at the posterior's size: ground-truth start, capacity 256, s/sweep (K)",
+        ("jaxbnp vmap 8 chains, s/sweep (whole batch); t(8)/t(1)",
+         lambda n: cell(n, ["jax_vmap", "8", "median_s"], fmt_s)
+         + "; " + cell(n, ["ratio_vs_single", "8"], lambda v: f"{v:.1f}")),
+        ("1 chain at the posterior's size: ground-truth start, capacity 128, s/sweep (K)",
          lambda n: cell(n, ["jax_single_posterior_k"],
                         lambda v: f"{fmt_s(v['median_s'])} (K={v['num_clusters_end']}, n={v['repeats']})")),
         ("NumPy from that state, s/sweep; speed-up",
@@ -582,6 +588,15 @@ def make_markdown(res: dict) -> str:
     ]
     for label, fn in rows:
         lines.append(f"| {label} | " + " | ".join(fn(n) for n in names) + " |")
+    ks = ds.get("10k", {}).get("k_sweep")
+    if ks:
+        lines += ["", "10k sweep time against the number of clusters (ground-truth clusters merged "
+                  "into K groups; capacity the smallest power of two from 32 that holds them, as "
+                  "capacity doubling reaches; 1 chain, median):", "",
+                  "| K at start → end | capacity | s/sweep |", "|---|---|---|"]
+        for k_str, v in ks.items():
+            lines.append(f"| {v['num_clusters_start']} → {v['num_clusters_end']} | {v['capacity']} | "
+                         f"{fmt_s(v['median_s'])} |")
     np_res = res.get("numpyro")
     lines.append("")
     if np_res:
@@ -630,6 +645,15 @@ def make_markdown(res: dict) -> str:
         + " (64 would mean no gain) → "
         + ", ".join(f"{k}: **{'met' if v <= 16 else 'not met'}**" for k, v in t["ratio_64"].items())
         + " (criterion used here: t(64)/t(1) ≤ 16, i.e. ≥ 4× per-chain throughput)",
+        "",
+        (f"- issue #21: the ground-truth 10k sweep in at most {TARGET_POSTERIOR_SECONDS * 1e3:.0f} ms "
+         f"and at least {TARGET_POSTERIOR_SPEEDUP:.0f}x the NumPy sweep from the same state: "
+         f"{fmt_s(ds['10k']['jax_single_posterior_k']['median_s'])}, "
+         f"{fmt_x(ds['10k']['speedup_numpy_over_jax_posterior_k'])} → **"
+         + ("met" if ds['10k']['jax_single_posterior_k']['median_s'] <= TARGET_POSTERIOR_SECONDS
+            and ds['10k']['speedup_numpy_over_jax_posterior_k'] >= TARGET_POSTERIOR_SPEEDUP
+            else "not met") + "**"
+         if "10k" in ds and "jax_single_posterior_k" in ds["10k"] else "- issue #21 target: skipped"),
         "",
         "Checks: NumPy predictive equals `family.log_predictive` (12 points × 3 clusters + prior; "
         f"max |diff| {res['numpy_validation']['max_abs_diff']:.1e} on toy, "
@@ -682,9 +706,10 @@ def main(argv=None) -> None:
         "single_repeats": {"toy": 10 if quick else 30, "10k": 5 if quick else 15},
         "vmap_repeats": {"toy": 3 if quick else 10, "10k": 2 if quick else 5},
         "vmap_64_repeats": {"toy": 3 if quick else 5, "10k": 3},
-        "vmap_chains": {"toy": [16, 64], "10k": [16] if quick else [16, 64]},
+        "vmap_chains": {"toy": [8, 16, 64], "10k": [8, 16] if quick else [8, 16, 64]},
         "overflow_check_sweeps": 20 if quick else 60,
-        "posterior_capacity": 256,
+        "posterior_capacity": 128,
+        "k_sweep": {"20": 32, "60": 64, "120": 128},
         "posterior_repeats": 3 if quick else 5,
         "numpy_max_repeats": 2 if quick else 5,
         "numpy_budget_s": 5.0 if quick else 20.0,
@@ -768,6 +793,17 @@ def main(argv=None) -> None:
                 out["numpy_posterior_k"]["median_s"] / post["median_s"]
             )
             print(f"[{name}]   {fmt_s(out['numpy_posterior_k']['median_s'])}/sweep", flush=True)
+            # sweep time against K: ground-truth clusters merged into K groups, capacity the
+            # smallest power of two with room for K (what doubling from 32 reaches)
+            out["k_sweep"] = {}
+            for k_str, cap_k in cfg["k_sweep"].items():
+                merged = gt % int(k_str) if int(k_str) < np.unique(gt).size else gt
+                print(f"[{name}] K={np.unique(merged).size}, capacity {cap_k} ...", flush=True)
+                r, _ = bench_single(X32, family, measure, jax.random.fold_in(k_name, 3 + int(k_str)),
+                                    1, cfg["posterior_repeats"], capacity=cap_k, labels=merged)
+                out["k_sweep"][k_str] = r
+                print(f"[{name}]   {fmt_s(r['median_s'])}/sweep (K {r['num_clusters_start']} -> "
+                      f"{r['num_clusters_end']})", flush=True)
         res["datasets"][name] = out
 
     print("[toy] NumPyro MCMC(CollapsedGibbs, 16 vectorized chains) ...", flush=True)

@@ -7,7 +7,13 @@ code as it is now: labels, paths and trees exactly, the floats to 1e-9.
 
 One deliberate change since: BHMC's Gamma draws now take their uniforms from one
 ``jax.random.uniform`` call (``jaxbnp._random``, issue #20's speed work), so the
-``fit_bhmc/*`` entries were re-made then; every other entry is the original.
+``fit_bhmc/*`` entries were re-made then. The collapsed Gibbs sweep now draws each
+point's cluster by inversion from one uniform instead of the argmax of Gumbel-perturbed
+logits (issue #21: the random numbers no longer depend on the capacity, and a sweep
+draws ``n`` of them, not ``n × (capacity + 1)``), so every entry whose kernel runs a
+Gibbs sweep (``gibbs_*``, ``sm_dp``, ``sm_py_two_sweeps``, ``tg_*``, ``dpm_gibbs``) was
+re-made then; the exact-posterior tests check the new sweep. Every other entry is the
+original.
 
 The draws are computed in a fresh subprocess with the suite's XLA flags and
 float64 (what ``draws.py`` itself sets), so that they do not depend on what the

@@ -48,12 +48,12 @@ def test_draws_equal_numpyro_mcmc_with_the_same_key_two_chains_thinned():
 def test_other_samplers_find_the_blobs(method, measure, options):
     X, y = _blobs(24)
     dpm = DirichletProcessMixture(method=method, measure=measure, method_options=options,
-                                  num_warmup=5, num_samples=5, random_state=1).fit(X)
+                                  num_warmup=20, num_samples=10, random_state=1).fit(X)
     assert adjusted_rand_score(y, dpm.labels_) == 1.0
     post = dpm.posterior_samples_
-    assert post["labels"].shape == (1, 5, 24)
+    assert post["labels"].shape == (1, 10, 24)
     if measure.has_auxiliary:
-        assert post["u"].shape == (1, 5) and np.all(post["u"] > 0)
+        assert post["u"].shape == (1, 10) and np.all(post["u"] > 0)
     proba = dpm.predict_proba(X[:3])
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-12)
     np.testing.assert_array_equal(dpm.predict(X[:3]), dpm.labels_[:3])

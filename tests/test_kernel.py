@@ -121,7 +121,7 @@ def test_capacity_overflow_raises_clear_error():
     X = rng.normal(size=(40, 1)) * 30.0  # far apart points: many clusters
 
     def model(X):
-        z = numpyro.sample("z", bnp.Partition(bnp.DP(50.0), X.shape[0]))
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1000.0), X.shape[0]))
         numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(0.0, 0.01, 2.0, 0.01), z), obs=X)
 
     mcmc = MCMC(bnp.CollapsedGibbs(model, capacity=4), num_warmup=2, num_samples=2, progress_bar=False)

@@ -199,6 +199,13 @@ class Family(ParameterPytree):
     def log_predictive_from_params(self, x: jax.Array, params) -> jax.Array:
         raise NotImplementedError
 
+    def log_predictive_pairwise(self, X: jax.Array, params) -> jax.Array:
+        """``log p(x_b | X_k)`` of every point ``X`` ``(B, D)`` under every cluster of
+        ``params`` (leading axis ``K``): shape ``(B, K)``. The collapsed Gibbs sweep scores a
+        block of points against all clusters at once with it; families override it with
+        a form that vectorises over the clusters."""
+        return jax.vmap(lambda x: self.log_predictive_from_params(x, params))(X)
+
     def log_predictive(self, x: jax.Array, stats) -> jax.Array:
         """``log p(x | X_c)`` for one point ``x`` (shape ``(D,)``) and every cluster."""
         return self.log_predictive_from_params(x, self.predictive_params(stats))
@@ -591,6 +598,25 @@ class NormalWishart(Family):
         q = jnp.sum(jnp.sum(params.psi_inv * diff[..., None, :], -1) * diff, -1)
         dof = params.nun - d + 1.0
         return params.log_norm - 0.5 * (dof + d) * jnp.log1p(q * params.rn / (params.rn + 1.0))
+
+    def log_predictive_pairwise(self, X, params):
+        """``(B, K)`` predictive log densities. For ``D <= 8`` the quadratic form is written
+        out over the ``D(D+1)/2`` entries of ``Ψ_n⁻¹``: every term is a ``(B, K)`` array,
+        so the whole score is one loop over the clusters that the compiler vectorises."""
+        d = self.psi.shape[-1]
+        dof = params.nun - d + 1.0
+        shrink = params.rn / (params.rn + 1.0)
+        if d > 8:
+            diff = X[:, None, :] - params.mean[None]
+            q = jnp.einsum("bkd,kde,bke->bk", diff, params.psi_inv, diff)
+        else:
+            diff = [X[:, a, None] - params.mean[None, :, a] for a in range(d)]
+            q = 0.0
+            for a in range(d):
+                q = q + params.psi_inv[None, :, a, a] * diff[a] * diff[a]
+                for b in range(a + 1, d):
+                    q = q + (2.0 * params.psi_inv[None, :, a, b]) * diff[a] * diff[b]
+        return params.log_norm[None] - (0.5 * (dof + d))[None] * jnp.log1p(q * shrink[None])
 
     def params_add(self, params, x):
         """Predictive parameters after adding ``x`` to a cluster: Sherman-Morrison, no factorisation.

@@ -4,7 +4,9 @@ A sweep visits every point once in index order: the point leaves its
 cluster, then joins an existing cluster ``c`` with weight
 ``w_c · p(x_i | X_c)`` or a new one with weight ``w_new · p(x_i)``, where the
 measure gives the weights ``w`` (docs/mathematics.md §1) and the family the predictive
-(docs/mathematics.md §2). Everything is in log space and runs inside one ``fori_loop``.
+(docs/mathematics.md §2). Everything is in log space; the sweep is one compiled loop
+over blocks of points, each block scored against every cluster at once
+(:func:`assignment_sweep`; docs/design.md, "The Gibbs sweep").
 
 Kernel pattern (BlackJAX style): ``init(...) -> GibbsState`` and
 ``step(key, state, X, measure, family) -> (GibbsState, GibbsInfo)``; many chains
@@ -88,6 +90,10 @@ def packer(tree):
     return pack, unpack
 
 
+#: points scored together against every cluster by :func:`assignment_sweep`
+BLOCK_SIZE = 32
+
+
 def gibbs_sweep(
     key: jax.Array,
     clusters: ClusterState,
@@ -104,15 +110,20 @@ def gibbs_sweep(
     a random subset; chosen independently of the state, each update is exact). If a new
     cluster is drawn while every slot is taken the point stays put and
     ``overflow`` is set (the caller must raise; see ``raise_if_overflow``).
+
+    Each point's new cluster is drawn by inversion from one uniform, so the random
+    numbers a sweep uses do not depend on the capacity.
     """
     capacity = clusters.counts.shape[0]
     # rebuild the statistics from the labels once per sweep: no rounding drift
     # accumulates from add/remove updates over long runs (O(n), cheap next to the sweep)
     clusters = clusters._replace(stats=family.stats_from_labels(X, clusters.labels, capacity))
-    # Gumbel-max: one draw of noise per sweep, argmax inside the loop
     steps = X.shape[0] if order is None else order.shape[0]
-    gumbels = jax.random.gumbel(key, (steps, capacity + 1), dtype=X.dtype)
-    return assignment_sweep(clusters, X, measure, family, u, noise=gumbels, order=order)
+    # in [tiny, 1): inversion never lands on a cluster of probability zero
+    uniforms = jax.random.uniform(key, (steps,), dtype=X.dtype, minval=jnp.finfo(X.dtype).tiny)
+    clusters = assignment_sweep(clusters, X, measure, family, u, noise=uniforms, order=order)
+    # the same recount as above (rounding identical however the chains are batched)
+    return clusters._replace(stats=family.stats_from_labels(X, clusters.labels, capacity))
 
 
 def assignment_sweep(
@@ -123,79 +134,142 @@ def assignment_sweep(
     u: jax.Array | None = None,
     noise: jax.Array | None = None,
     order: jax.Array | None = None,
+    block_size: int = BLOCK_SIZE,
 ) -> ClusterState:
-    """Visit the points listed in ``order`` (default ``0..n-1``; repeats allowed); each leaves its cluster and joins
-    ``argmax_k(log w_k + log p(x_i | X_k) + noise[step, k])``.
+    """Visit the points listed in ``order`` (default ``0..n-1``; repeats allowed); each
+    leaves its cluster and joins one drawn from ``log w_k + log p(x_i | X_k)``.
 
-    With Gumbel ``noise`` this is a collapsed Gibbs sweep; with ``noise=None`` it
-    is MAP-DP's iterated conditional modes step (docs/mathematics.md §3: the argmax of
-    the conditional is the argmin of ``d_ik``). ``noise`` has shape
-    ``(len(order), capacity + 1)``; its last column belongs to "a new cluster when no
-    slot is free", which sets ``overflow``.
+    ``noise`` decides how: ``None`` takes the argmax (MAP-DP's iterated conditional
+    modes step, docs/mathematics.md §3: the argmax of the conditional is the argmin of
+    ``d_ik``); a ``(len(order),)`` array of uniforms in ``(0, 1)`` draws by inversion
+    (collapsed Gibbs); a ``(len(order), capacity + 1)`` array of Gumbel noise takes the
+    argmax of the noisy logits (also collapsed Gibbs). The last logit belongs to "a new
+    cluster when no slot is free", which sets ``overflow``.
+
+    How it runs (docs/design.md, "The Gibbs sweep"): the points go in blocks of
+    ``block_size``. At the start of a block its points are scored against every
+    cluster in one vectorised call (:meth:`log_predictive_pairwise`); inside the
+    block only what a step changes is rescored: the visited point against its own
+    cluster without it, and, when a point moves, the block's points against the two
+    clusters it left and joined. The draws are those of the point-by-point sweep.
+    Clusters keep cached predictive parameters (rank-one updates for families that
+    have them, else recomputed from the two changed slots' statistics); writes that
+    a step does not need go to a scratch slot, so every update is in place.
     """
     n = X.shape[0]
     capacity = clusters.counts.shape[0]
     order = jnp.arange(n) if order is None else order
-    params = family.predictive_params(clusters.stats)
-    pack_stats, unpack_stats = packer(clusters.stats)
-    pack_params, unpack_params = packer(params)
-    prior_params = family.prior_predictive_params(X.shape[1], X.dtype)
-    # log p(x_i) under the prior does not depend on the state: all points at once
-    prior_log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, prior_params)[0])(X)
-    slots = jnp.arange(capacity)
-    # families with O(D²) rank-one updates of their cached predictive (NormalWishart)
-    # avoid factorisations inside the loop; the others refresh two slots per point
+    steps = order.shape[0]
+    B = max(1, min(int(block_size), steps))
+    num_blocks = -(-steps // B)
+    padded = jnp.concatenate([order, jnp.full((num_blocks * B - steps,), order[-1], order.dtype)])
     rank_one = hasattr(family, "params_add") and hasattr(family, "params_remove")
+    scratch = capacity  # one extra slot that absorbs the writes a step does not need
+    slots = jnp.arange(capacity)
+
+    stats_in = clusters.stats
+    params = family.predictive_params(stats_in)
+    pack_params, unpack_params = packer(params)
+    pack_stats, unpack_stats = packer(stats_in)
+    prior_params = family.prior_predictive_params(X.shape[1], X.dtype)
     prior_packed = pack_params(prior_params)[0]
+    # log p(x_i) under the prior does not depend on the state: all points at once
+    prior_log_pred = family.log_predictive_pairwise(X, prior_params)[:, 0]
+    table = jnp.concatenate([pack_params(params), prior_packed[None]])
+    stats_table = jnp.concatenate(
+        [pack_stats(stats_in), jnp.zeros_like(pack_stats(stats_in)[:1])]
+    ) if not rank_one else jnp.zeros((1, 1), X.dtype)
+    zero_stats = jnp.zeros_like(stats_table[0])
 
-    def body(step, carry):
-        labels, counts, stats, params, overflow, pending = carry
-        i = order[step]
-        x = X[i]
-        ps = pack_stats(family.point_stats(x[None]))[0]
-        old = labels[i]
-        # remove point i
-        counts = counts.at[old].add(-1)
-        stats = stats.at[old].add(-ps)
-        params_with_i = params[old]
-        if rank_one:
-            # O(D²) downdate; an emptied slot goes back to the prior exactly
-            down = pack_params(family.params_remove(unpack_params(params_with_i[None]), x))[0]
-            params = params.at[old].set(jnp.where(counts[old] > 0, down, prior_packed))
-        else:
-            # refresh, in one batch, the slot point i-1 joined and the slot point i left
-            touched = jnp.stack([pending, old])
-            fresh = family.predictive_params(unpack_stats(stats[touched]))
-            params = params.at[touched].set(pack_params(fresh))
-        # weights (docs/mathematics.md §1) times predictive (docs/mathematics.md §2)
-        log_existing, log_new = measure.gibbs_log_weights(counts, u)
-        log_pred = family.log_predictive_from_params(x, unpack_params(params))
-        new_logit = log_new + prior_log_pred[i]
-        free = counts == 0
-        free_slot = jnp.argmax(free)
-        has_free = jnp.any(free)
-        logits = jnp.where(free, -jnp.inf, log_existing + log_pred)
-        logits = jnp.where((slots == free_slot) & has_free, new_logit, logits)
-        logits = jnp.append(logits, jnp.where(has_free, -jnp.inf, new_logit))
-        choice = jnp.argmax(logits if noise is None else logits + noise[step])
-        overflow = overflow | (choice == capacity)
-        new = jnp.where(choice == capacity, old, choice).astype(labels.dtype)
-        # add point i
-        counts = counts.at[new].add(1)
-        stats = stats.at[new].add(ps)
-        labels = labels.at[i].set(new)
-        if rank_one:
-            # back where it was: restore the cached parameters (no rounding drift)
-            up = pack_params(family.params_add(unpack_params(params[new][None]), x))[0]
-            params = params.at[new].set(jnp.where(new == old, params_with_i, up))
-        return labels, counts, stats, params, overflow, new
+    def score(Xs, rows):
+        return family.log_predictive_pairwise(Xs, unpack_params(rows))
 
-    carry = (
-        clusters.labels, clusters.counts, pack_stats(clusters.stats), pack_params(params),
-        clusters.overflow, clusters.labels[order[0]],
+    def block(b, carry):
+        labels, counts, table, stats_table, overflow = carry
+        idx = lax.dynamic_slice_in_dim(padded, b * B, B)
+        Xb = X[idx]
+        scores = score(Xb, table)  # (B, capacity + 1)
+
+        def step(j, c):
+            own, counts, table, stats_table, overflow, scores = c
+            t = b * B + j
+            valid = t < steps
+            i, x, old = idx[j], Xb[j], own[j]
+            # remove point i from its cluster
+            left = counts[old] - 1
+            counts = lax.dynamic_update_index_in_dim(counts, left, old, 0)
+            emptied = left == 0
+            if rank_one:
+                down = pack_params(family.params_remove(unpack_params(table[old][None]), x))[0]
+            else:
+                ps = pack_stats(family.point_stats(x[None]))[0]
+                stats_down = jnp.where(emptied, zero_stats, stats_table[old] - ps)
+                down = pack_params(family.predictive_params(unpack_stats(stats_down[None])))[0]
+            # an emptied slot goes back to the prior exactly
+            down = jnp.where(emptied, prior_packed, down)
+            # weights (docs/mathematics.md §1) times predictive (docs/mathematics.md §2)
+            log_pred = jnp.where(slots == old, score(x[None], down[None])[0, 0], scores[j, :capacity])
+            log_existing, log_new = measure.gibbs_log_weights(counts, u)
+            new_logit = log_new + prior_log_pred[i]
+            free = counts == 0
+            free_slot = jnp.argmax(free)
+            has_free = jnp.any(free)
+            logits = jnp.where(free, -jnp.inf, log_existing + log_pred)
+            logits = jnp.where((slots == free_slot) & has_free, new_logit, logits)
+            logits = jnp.append(logits, jnp.where(has_free, -jnp.inf, new_logit))
+            tn = jnp.minimum(t, steps - 1)
+            if noise is None:
+                choice = jnp.argmax(logits)
+            elif noise.ndim == 1:
+                cdf = jnp.cumsum(jnp.exp(logits - jnp.max(logits)))
+                choice = jnp.sum(cdf < noise[tn] * cdf[-1])
+            else:
+                choice = jnp.argmax(logits + noise[tn])
+            overflow = overflow | ((choice == capacity) & valid)
+            new = jnp.where((choice == capacity) | ~valid, old, choice).astype(own.dtype)
+            moved = new != old
+            # write the two changed slots (or the scratch slot when the point stays,
+            # which leaves the cached parameters bit-for-bit as they were)
+            at_old = jnp.where(moved, old, scratch)
+            at_new = jnp.where(moved, new, scratch)
+            table = lax.dynamic_update_index_in_dim(table, down, at_old, 0)
+            if rank_one:
+                up = pack_params(family.params_add(unpack_params(table[new][None]), x))[0]
+            else:
+                stats_table = lax.dynamic_update_index_in_dim(stats_table, stats_down, at_old, 0)
+                stats_up = stats_table[new] + ps
+                stats_table = lax.dynamic_update_index_in_dim(stats_table, stats_up, at_new, 0)
+                up = pack_params(family.predictive_params(unpack_stats(stats_up[None])))[0]
+            table = lax.dynamic_update_index_in_dim(table, up, at_new, 0)
+            counts = lax.dynamic_update_index_in_dim(counts, counts[new] + 1, new, 0)
+            # rescore the block against the two changed slots (read back from the table)
+            fresh = score(Xb, table[jnp.stack([at_old, at_new])])
+            scores = lax.dynamic_update_index_in_dim(scores, fresh[:, 0], at_old, 1)
+            scores = lax.dynamic_update_index_in_dim(scores, fresh[:, 1], at_new, 1)
+            own = jnp.where(idx == i, new, own)  # repeats of i in the block see its new label
+            return own, counts, table, stats_table, overflow, scores
+
+        own, counts, table, stats_table, overflow, _ = lax.fori_loop(
+            0, B, step, (labels[idx], counts, table, stats_table, overflow, scores)
+        )
+        labels = labels.at[idx].set(own)
+        return labels, counts, table, stats_table, overflow
+
+    labels, counts, _, _, overflow = lax.fori_loop(
+        0, num_blocks, block, (clusters.labels, clusters.counts, table, stats_table, clusters.overflow)
     )
-    labels, counts, stats, _, overflow, _ = lax.fori_loop(0, order.shape[0], body, carry)
-    stats = unpack_stats(stats)
+    # the statistics move with the points that changed cluster (exact sums, no drift)
+    changed = labels != clusters.labels
+    ps = jax.tree.map(
+        lambda a: jnp.where(changed.reshape((-1,) + (1,) * (a.ndim - 1)), a, 0).astype(a.dtype),
+        family.point_stats(X),
+    )
+    stats = jax.tree.map(
+        lambda s, a: s
+        + jax.ops.segment_sum(a, labels, num_segments=capacity)
+        - jax.ops.segment_sum(a, clusters.labels, num_segments=capacity),
+        stats_in, ps,
+    )
     return ClusterState(labels, counts, stats, overflow)
 
 

@@ -223,7 +223,8 @@ class PartitionKernel(DiscreteSiteKernel):
     :param capacity: as for :class:`CollapsedGibbs`.
     :param init_strategy: as for :class:`CollapsedGibbs`.
     :param update_hyperparameters: as for :class:`CollapsedGibbs`.
-    :param chain_batching: as for :class:`CollapsedGibbs`.
+    :param chain_batching: as for :class:`CollapsedGibbs`, except that ``"auto"`` means
+        ``"map"`` on a CPU (moves other than a Gibbs sweep have not been measured batched).
 
     Each iteration splits the chain's key into ``(next, step, alpha, sigma)``, runs
     the move with ``step``, then the hyperparameter updates. The state
@@ -231,6 +232,9 @@ class PartitionKernel(DiscreteSiteKernel):
     state, the chain id and the MH statistics of the iteration (extra fields
     ``num_accepted``, ``num_proposed``, ``mean_log_accept``).
     """
+
+    #: what ``chain_batching="auto"`` means on a CPU
+    _cpu_batching = "map"
 
     sample_field = "z"
     host_overflow_check = True
@@ -321,7 +325,7 @@ class PartitionKernel(DiscreteSiteKernel):
             state = jax.vmap(init_one, in_axes=(0, axes))(rng_key, init_params)
             batching = self._chain_batching
             if batching == "auto":
-                batching = "map" if jax.default_backend() == "cpu" else "vmap"
+                batching = self._cpu_batching if jax.default_backend() == "cpu" else "vmap"
             if batching == "vmap":
                 self._sample_fn = jax.vmap(sample_one, in_axes=(0, None, None))
             else:
@@ -493,11 +497,10 @@ class CollapsedGibbs(PartitionKernel):
         (a draw from the partition prior, O(n²)).
     :param chain_batching: how ``chain_method="vectorized"`` runs the chains in
         one program: ``"vmap"`` (batched), ``"map"`` (``lax.map``, one chain
-        after another) or ``"auto"``: ``"map"`` on CPU, ``"vmap"`` elsewhere.
-        Measured on a 2-core CPU (``benchmarks/gibbs.py``): a sweep is a
-        sequential loop over points, so batching chains cannot share work, and
-        batched scatters copy the cluster state each step; 64 vmapped chains
-        cost about 110x one chain, 64 mapped chains 63x. Draws are identical.
+        after another) or ``"auto"`` (``"vmap"``). A sweep is a loop over points
+        whose steps are small, so batching the chains shares each step's fixed
+        cost among them (``benchmarks/gibbs.py`` measures 8 vmapped chains against
+        one). Draws are identical.
     :param update_hyperparameters: also update the measure's hyperparameters
         when they are sample sites: DP ``alpha ~ Gamma`` by Escobar-West,
         NGGP ``alpha ~ Gamma`` (conjugate given ``u``) and ``sigma ~ Beta``
@@ -514,6 +517,8 @@ class CollapsedGibbs(PartitionKernel):
     repeated with a larger capacity (what the ``jaxbnp`` CLI does). Programs
     without a host callback can be kept by JAX's persistent compilation cache.
     """
+
+    _cpu_batching = "vmap"
 
     show_acceptance = False
 
@@ -556,7 +561,7 @@ class SplitMerge(PartitionKernel):
         all are used raises ``CapacityError``.
     :param init_strategy: as for :class:`CollapsedGibbs`.
     :param update_hyperparameters: as for :class:`CollapsedGibbs`.
-    :param chain_batching: as for :class:`CollapsedGibbs`.
+    :param chain_batching: as for :class:`PartitionKernel`.
 
     Extra fields (``MCMC.run(..., extra_fields=...)``): ``log_joint``,
     ``num_clusters``, and per iteration ``num_accepted``, ``num_proposed``
@@ -634,7 +639,7 @@ class SubClusterMCMC(PartitionKernel):
     :param init_strategy: as for :class:`CollapsedGibbs` (default ``"one"``: all points in
         one cluster).
     :param update_hyperparameters: as for :class:`CollapsedGibbs` (DP ``alpha``).
-    :param chain_batching: as for :class:`CollapsedGibbs`.
+    :param chain_batching: as for :class:`PartitionKernel`.
     :param mesh: a ``jax.sharding.Mesh`` whose first axis shards the points
         (``jaxbnp.inference.sharded.make_mesh()``); ``None``: one device.
 
