@@ -155,12 +155,32 @@ def _run(**kwargs):
 def test_runner_gives_mcmcs_draws_parallel_or_vectorized(reference):
     """runner.run draws what numpyro's MCMC draws, with chains vectorized or one per device."""
     assert jax.local_device_count() >= 2  # tests/conftest.py: 4 host devices
-    for chain_method in ("vectorized", "parallel"):
+    for chain_method in ("vectorized", "parallel", "threads", "auto"):
         result = _run(chain_method=chain_method)
         np.testing.assert_array_equal(result.samples["z"], reference.get_samples(group_by_chain=True)["z"])
         for field in EXTRA:
             np.testing.assert_array_equal(result.samples[field],
                                           reference.get_extra_fields(group_by_chain=True)[field])
+
+
+@pytest.mark.parametrize("cores", [2, 3])
+def test_runner_threads_give_the_vectorized_draws(monkeypatch, cores):
+    """chain_method="threads": 3 chains cut into groups (2 cores: a group of 2 and one of 1
+    padded to 2; 3 cores: three single chains) give the vectorized run's draws and state."""
+    from jaxbnp.inference import runner
+
+    monkeypatch.setattr(runner, "cpu_cores", lambda: cores)
+    assert runner.resolve_chain_method("auto", 3) == "parallel"  # 4 host devices in the suite
+    assert runner.resolve_chain_method("threads", 3) == "threads"
+    ref = _run(num_chains=3, chain_method="vectorized")
+    got = _run(num_chains=3, chain_method="threads")
+    assert got.samples["z"].shape == (3, 6, X.shape[0])
+    for name in ref.samples:
+        np.testing.assert_array_equal(got.samples[name], ref.samples[name], err_msg=name)
+    for a, b in zip(jax.tree.leaves(got.last_state), jax.tree.leaves(ref.last_state)):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_runner_checkpoints_then_resumes_to_the_uninterrupted_draws(tmp_path, reference):

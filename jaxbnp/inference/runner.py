@@ -16,9 +16,13 @@ capacity: a kernel built with ``capacity`` slots that ran out (it raised
 the last state) is rebuilt with twice as many and the run starts again from
 the same key. Nothing is truncated.
 
-Chains run ``"vectorized"`` (one program, a leading chain axis in the state)
-or ``"parallel"`` (``jax.pmap``: one chain per device, e.g. per CPU core with
-``numpyro.set_host_device_count``); both give the same draws.
+Chains run ``"vectorized"`` (one program, a leading chain axis in the state),
+``"parallel"`` (``jax.pmap``: one chain per device, e.g. per CPU core with
+``numpyro.set_host_device_count``) or ``"threads"`` (on a CPU: the chains cut into
+one group per core, each group a vectorized program run from its own thread; XLA
+runs the programs side by side). ``"auto"`` (the default) takes ``"parallel"`` when
+there is a device per chain, else ``"threads"`` on a CPU with several cores, else
+``"vectorized"``. All give the same draws.
 
 The estimators (:class:`~jaxbnp.estimators.DirichletProcessMixture`), the
 ``jaxbnp`` command line and the ``fit_*`` functions all sample through it and
@@ -27,8 +31,10 @@ get a :class:`RunResult`.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -46,8 +52,31 @@ __all__ = ["RunResult", "run", "PROGRESS_BLOCKS", "CHAIN_METHODS"]
 #: compiled blocks a run is cut into when it reports progress
 PROGRESS_BLOCKS = 50
 
-#: how chains run: in one batched program, or one per device (the same draws)
-CHAIN_METHODS = ("vectorized", "parallel")
+#: how chains run: in one batched program, one per device, or one batched program per
+#: CPU core run from threads (the same draws); "auto" picks one (module docstring)
+CHAIN_METHODS = ("auto", "vectorized", "parallel", "threads")
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def resolve_chain_method(chain_method: str, num_chains: int) -> str:
+    """The chain method :func:`run` uses for ``chain_method`` (module docstring)."""
+    if chain_method not in CHAIN_METHODS:
+        raise ValueError(f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}.")
+    if num_chains < 2:
+        return "vectorized"
+    if chain_method == "auto":
+        if num_chains <= jax.local_device_count():
+            return "parallel"
+        chain_method = "threads"
+    if chain_method == "parallel" and num_chains > jax.local_device_count():
+        return "vectorized"  # the same draws
+    if chain_method == "threads" and (jax.default_backend() != "cpu" or cpu_cores() < 2):
+        return "vectorized"
+    return chain_method
 
 
 class RunResult(NamedTuple):
@@ -112,6 +141,7 @@ def _compile(kernel, collect, compiler_options, chain_method, num_chains, num_wa
 
 
 _PROGRAMS: "OrderedDict[Any, tuple]" = OrderedDict()  # most recently used last
+_COMPILED: "OrderedDict[Any, Any]" = OrderedDict()  # chain_method="threads": compiled programs
 _MAX_PROGRAMS = 16
 
 
@@ -176,7 +206,7 @@ def run(
     init_params: dict | None = None,
     capacity: int | None = None,
     max_capacity: int | None = None,
-    chain_method: str = "vectorized",
+    chain_method: str = "auto",
     progress_bar: bool | None = False,
     description: str = "sampling",
     heartbeat: Any = None,
@@ -201,9 +231,11 @@ def run(
     :param capacity: the first capacity to try.
     :param max_capacity: the largest capacity to try (``CapacityError`` when even
         that runs out).
-    :param chain_method: ``"vectorized"`` or ``"parallel"`` (one chain per device,
-        ``jax.pmap``; vectorized when there are fewer devices than chains). The same
-        draws either way.
+    :param chain_method: ``"auto"``, ``"vectorized"``, ``"parallel"`` (one chain per
+        device, ``jax.pmap``; vectorized when there are fewer devices than chains) or
+        ``"threads"`` (one group of chains per CPU core; vectorized for kernels that do
+        not declare ``chains_in_threads``, and when ``checkpoint`` is set). The same draws
+        whichever runs (module docstring).
     :param progress_bar: ``True``/``False``, or ``None`` for a bar only on a terminal
         outside CI (``jaxbnp._progress.resolve``).
     :param heartbeat: an object with ``tick(n)`` (``jaxbnp._progress.Heartbeat``),
@@ -228,10 +260,9 @@ def run(
     num_warmup, num_samples, num_chains, thinning = (
         int(num_warmup), int(num_samples), int(num_chains), int(thinning))
     checkpoint_every = int(checkpoint_every or 0)
-    if chain_method not in CHAIN_METHODS:
-        raise ValueError(f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}.")
-    if chain_method == "parallel" and not 1 < num_chains <= jax.local_device_count():
-        chain_method = "vectorized"  # the same draws
+    chain_method = resolve_chain_method(chain_method, num_chains)
+    if chain_method == "threads" and checkpoint is not None:
+        chain_method = "vectorized"  # one program to save from; the same draws
     if resume and checkpoint is None:
         raise ValueError("resume=True needs the checkpoint file to continue.")
     saved = load_checkpoint(checkpoint) if resume else None
@@ -254,8 +285,18 @@ def run(
     settings = (chain_method, num_chains, num_warmup, num_samples, thinning)
     while True:
         t0 = time.perf_counter()
-        kernel, start, restart, advance = _programs(
-            make_kernel, capacity, cache_key, collect, compiler_options, settings)
+        if chain_method == "threads":
+            threaded = _Threaded(make_kernel, capacity, cache_key, collect, compiler_options,
+                                 num_chains, num_warmup, num_samples, thinning)
+            if not threaded.ok:
+                chain_method = "vectorized"  # a kernel that must not run in threads
+                settings = (chain_method, num_chains, num_warmup, num_samples, thinning)
+        if chain_method == "threads":
+            kernel = threaded.kernel
+            start, advance = threaded.start, threaded.advance
+        else:
+            kernel, start, restart, advance = _programs(
+                make_kernel, capacity, cache_key, collect, compiler_options, settings)
         try:
             label = description if capacity is None else f"{description} (capacity {capacity})"
             with progress_bar_context(total, label, show) as bar:
@@ -279,7 +320,7 @@ def run(
                         draws = max(0, (last - num_warmup) // thinning)
                         _save(checkpoint, saved, carry[1], carry[0], draws, num_samples,
                               num_warmup, num_chains, thinning, extra_fields, chain_method)
-                state, buffers = carry
+                state, buffers = threaded.join(carry) if chain_method == "threads" else carry
                 overflowed = getattr(kernel, "overflowed", None)
                 if overflowed is not None and overflowed(state):
                     raise CapacityError(
@@ -297,6 +338,79 @@ def run(
                 on_restart(capacity)
     seconds = time.perf_counter() - t0
     return RunResult(_joined(saved, samples), state, capacity, seconds)
+
+
+class _Threaded:
+    """``chain_method="threads"``: the chains cut into one contiguous group per core, each
+    group run by its own vectorized programs from a thread (module docstring). ``start``
+    and ``advance`` take and return a list of per-group carries; ``join`` makes the
+    vectorized carry of all the chains. Each group size is traced and compiled once, in
+    the calling thread, before the threads run. ``ok`` is ``False`` for kernels that do
+    not declare ``chains_in_threads`` (host callbacks with per-run state)."""
+
+    def __init__(self, make_kernel, capacity, cache_key, collect, compiler_options, num_chains,
+                 num_warmup, num_samples, thinning):
+        # groups of one size (one program to compile); a short last group is padded with
+        # copies of its last chain, whose draws are dropped (chains do not interact)
+        self.size = -(-num_chains // min(cpu_cores(), num_chains))
+        self.groups = [(a, min(a + self.size, num_chains)) for a in range(0, num_chains, self.size)]
+        settings = ("vectorized", self.size, num_warmup, num_samples, thinning)
+        self.kernel, self._start, _, self._advance = _programs(
+            make_kernel, capacity, cache_key, collect, compiler_options, settings)
+        self.ok = getattr(self.kernel, "chains_in_threads", False)
+
+    def _map(self, fn, per_group):
+        with ThreadPoolExecutor(len(self.groups)) as pool:
+            return list(pool.map(lambda args: jax.block_until_ready(fn(*args)),
+                                 zip(self.groups, per_group)))
+
+    @staticmethod
+    def _compiled(program, args):
+        # traced and compiled in the calling thread (tracing sets the kernel up: not
+        # thread-safe), once per process for each program and argument shapes
+        leaves, treedef = jax.tree.flatten(args)
+        sig = (program, treedef, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves))
+        if sig not in _COMPILED:
+            _COMPILED[sig] = program.lower(*args).compile()
+            while len(_COMPILED) > 4 * _MAX_PROGRAMS:
+                _COMPILED.popitem(last=False)
+        _COMPILED.move_to_end(sig)
+        return _COMPILED[sig]
+
+    def _part(self, tree, a, b):
+        if tree is None:
+            return None
+
+        def one(x):
+            x = x[a:b]
+            pad = self.size - (b - a)
+            if pad:
+                x = jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)], 0)
+            return x[0] if self.size == 1 else x
+
+        return jax.tree.map(one, tree)
+
+    def start(self, keys, init_params, model_args, model_kwargs):
+        args = [(self._part(keys, a, b), self._part(init_params, a, b), model_args, model_kwargs)
+                for a, b in self.groups]
+        fn = self._compiled(self._start, args[0])
+        return self._map(lambda g, arg: fn(*arg), args)
+
+    def advance(self, carries, first, count, model_args, model_kwargs):
+        fn = self._compiled(self._advance, (carries[0], first, count, model_args, model_kwargs))
+        return self._map(lambda g, c: fn(c, first, count, model_args, model_kwargs), carries)
+
+    def join(self, carries):
+        """The carry of all the chains (padding dropped), laid out as ``"vectorized"``'s."""
+        states, buffers = [], []
+        for (a, b), (state, buf) in zip(self.groups, carries):
+            n = b - a
+            if self.size == 1:
+                state, buf = jax.tree.map(lambda x: x[None], state), jax.tree.map(lambda x: x[:, None], buf)
+            states.append(jax.tree.map(lambda x: x[:n], state))
+            buffers.append(jax.tree.map(lambda x: x[:, :n], buf))
+        return (jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *states),
+                jax.tree.map(lambda *xs: jnp.concatenate(xs, 1), *buffers))
 
 
 def _save(path, saved, buffers, state, draws, num_samples, num_warmup, num_chains, thinning,

@@ -235,6 +235,9 @@ class PartitionKernel(DiscreteSiteKernel):
 
     #: what ``chain_batching="auto"`` means on a CPU
     _cpu_batching = "map"
+    #: pure device programs: :func:`jaxbnp.inference.runner.run` may run groups of chains
+    #: from several threads (``chain_method="threads"``)
+    chains_in_threads = True
 
     sample_field = "z"
     host_overflow_check = True

@@ -196,6 +196,10 @@ class TreeGuidedMCMC(PartitionKernel):
     The same key gives the same draws under every ``chain_method``.
     """
 
+    #: its host-side trees are keyed by a run id fixed when a program is traced, so groups
+    #: of chains sharing one program must not run side by side
+    chains_in_threads = False
+
     def __init__(
         self,
         model: Callable,
