@@ -21,7 +21,11 @@ docs/mathematics.md §2), in JAX's default float32:
 
 Also recorded: whether the capacity-32 chain would overflow if run longer
 (the 10k ground truth has 119 clusters), and the 10k sweep time at the
-posterior's size (ground-truth start, capacity 256), for jaxbnp and NumPy;
+posterior's size (ground-truth start, capacity 128), for jaxbnp and NumPy
+(issue #21: at most 50 ms and at least 10x NumPy); the sweep time against K
+(synthetic 10,000 x 6 mixtures of K = 20, 60, 120 Gaussians, capacity near K);
+8 chains against one through ``jaxbnp.inference.runner.run`` (vectorized, and
+one group of chains per core from threads), with their draws checked equal;
 CPU time used by other processes during the run (timings are only clean when
 that is near zero).
 
@@ -434,6 +438,75 @@ def bench_numpy(X, family, labels, seed: int, max_repeats: int, budget_s: float)
     return out
 
 
+def synthetic_mixture(n: int, d: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` points from ``k`` unit-variance Gaussians in ``d`` dimensions whose centres are
+    at least 8 apart (drawn in a box, redrawn when too close); labels in order."""
+    rng = np.random.default_rng(seed)
+    centres = []
+    while len(centres) < k:
+        c = rng.uniform(-4 * k ** (1 / d) * 2, 4 * k ** (1 / d) * 2, size=d)
+        if all(np.linalg.norm(c - o) >= 8.0 for o in centres):
+            centres.append(c)
+    y = rng.integers(0, k, size=n)
+    return (np.asarray(centres)[y] + rng.normal(size=(n, d))).astype(np.float64), y
+
+
+def bench_chains(X, family, labels, cfg: dict, seed: int) -> dict:
+    """``jaxbnp.inference.runner.run`` of ``CollapsedGibbs`` from the ground truth: seconds per
+    iteration of ``num_chains`` chains for each chain method (the difference of compiled runs
+    of ``its`` and ``2 its`` iterations, divided by ``its``), with the draws of every method
+    checked equal."""
+    from jaxbnp.inference.runner import resolve_chain_method, run
+
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(ALPHA), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(family, z), obs=X)
+
+    def collect(state):
+        return {"num_clusters": jnp.sum(state.clusters.counts > 0, -1)}
+
+    Xj = jnp.asarray(X, jnp.float32)
+    its = cfg["iterations"]
+    out = {"iterations": its, "runs": {}}
+    for chains in cfg["num_chains"]:
+        methods = ["vectorized"] if chains == 1 else ["vectorized", "threads"]
+        ref = None
+        for method in methods:
+            init = {"z": jnp.asarray(np.tile(labels, (chains, 1)) if chains > 1 else labels)}
+            make = lambda capacity: bnp.CollapsedGibbs(model, capacity=capacity)  # noqa: E731
+
+            def timed(samples):
+                kw = dict(num_warmup=0, num_samples=samples, num_chains=chains, collect=collect,
+                          init_params=init, capacity=128, chain_method=method,
+                          cache_key=("bench-gibbs", chains, method))
+                t0 = time.perf_counter()
+                r = run(make, jax.random.key(seed), (Xj,), **kw)
+                return r, time.perf_counter() - t0
+
+            _, first = timed(its)  # compiles
+            _, short = timed(its)
+            timed(2 * its)  # compiles (the number of draws is part of the program)
+            r, long = timed(2 * its)
+            # the difference of two run lengths: start-up (validation, init, transfers) cancels
+            wall = long - short
+            k = np.asarray(r.samples["num_clusters"])[:, :its]
+            if ref is None:
+                ref = k
+            out["runs"][f"{chains}/{method}"] = {
+                "num_chains": chains, "method": resolve_chain_method(method, chains),
+                "first_run_s": first, "seconds_per_iteration": wall / its,
+                "same_draws_as_vectorized": bool(np.array_equal(k, ref)),
+                "final_k_mean": float(k[:, -1].mean()),
+            }
+            print(f"[10k chains] {chains} chain(s), {method}: {wall / its * 1e3:.1f} ms/iteration "
+                  f"(first run with compilation {first:.1f} s)", flush=True)
+    one = out["runs"]["1/vectorized"]["seconds_per_iteration"]
+    for key_, v in out["runs"].items():
+        v["ratio_vs_one_chain"] = v["seconds_per_iteration"] / one
+        v["per_chain_throughput_vs_one"] = v["num_chains"] * one / v["seconds_per_iteration"]
+    return out
+
+
 class CompileTimer:
     """Sums JAX's tracing, lowering and XLA compile durations (``jax.monitoring`` events)."""
 
@@ -588,15 +661,27 @@ def make_markdown(res: dict) -> str:
     ]
     for label, fn in rows:
         lines.append(f"| {label} | " + " | ".join(fn(n) for n in names) + " |")
-    ks = ds.get("10k", {}).get("k_sweep")
+    ks = res.get("k_sweep")
     if ks:
-        lines += ["", "10k sweep time against the number of clusters (ground-truth clusters merged "
-                  "into K groups; capacity the smallest power of two from 32 that holds them, as "
-                  "capacity doubling reaches; 1 chain, median):", "",
+        lines += ["", "Sweep time against the number of clusters: synthetic 10,000 × 6 mixtures of K "
+                  "unit Gaussians (centres ≥ 8 apart), started at the truth, capacity the smallest power "
+                  "of two from 32 holding K + 4 (what doubling reaches); 1 chain, median after "
+                  f"{res['config']['warmup_sweeps']} warm-up sweeps:", "",
                   "| K at start → end | capacity | s/sweep |", "|---|---|---|"]
-        for k_str, v in ks.items():
+        for v in ks.values():
             lines.append(f"| {v['num_clusters_start']} → {v['num_clusters_end']} | {v['capacity']} | "
                          f"{fmt_s(v['median_s'])} |")
+    ch = res.get("chains")
+    if ch:
+        lines += ["", f"Chains on this machine's {m['cpu_count']} cores: `runner.run(CollapsedGibbs)` on 10k "
+                  f"from the ground truth; seconds per iteration from the difference of compiled runs of "
+                  f"{ch['iterations']} and {2 * ch['iterations']} iterations:", "",
+                  "| chains | chain method | s/iteration | t / t(1 chain) | per-chain throughput vs 1 | same draws |",
+                  "|---|---|---|---|---|---|"]
+        for v in ch["runs"].values():
+            lines.append(f"| {v['num_chains']} | {v['method']} | {fmt_s(v['seconds_per_iteration'])} | "
+                         f"{v['ratio_vs_one_chain']:.2f} | {v['per_chain_throughput_vs_one']:.2f}× | "
+                         f"{'yes' if v['same_draws_as_vectorized'] else 'NO'} |")
     np_res = res.get("numpyro")
     lines.append("")
     if np_res:
@@ -709,8 +794,9 @@ def main(argv=None) -> None:
         "vmap_chains": {"toy": [8, 16, 64], "10k": [8, 16] if quick else [8, 16, 64]},
         "overflow_check_sweeps": 20 if quick else 60,
         "posterior_capacity": 128,
-        "k_sweep": {"20": 32, "60": 64, "120": 128},
-        "posterior_repeats": 3 if quick else 5,
+        "k_sweep": [20, 60, 120],
+        "chains": {"num_chains": [1, 8], "iterations": 10 if quick else 20},
+        "posterior_repeats": 3 if quick else 9,
         "numpy_max_repeats": 2 if quick else 5,
         "numpy_budget_s": 5.0 if quick else 20.0,
         "numpyro": {"num_warmup": 10 if quick else 20,
@@ -793,18 +879,23 @@ def main(argv=None) -> None:
                 out["numpy_posterior_k"]["median_s"] / post["median_s"]
             )
             print(f"[{name}]   {fmt_s(out['numpy_posterior_k']['median_s'])}/sweep", flush=True)
-            # sweep time against K: ground-truth clusters merged into K groups, capacity the
-            # smallest power of two with room for K (what doubling from 32 reaches)
-            out["k_sweep"] = {}
-            for k_str, cap_k in cfg["k_sweep"].items():
-                merged = gt % int(k_str) if int(k_str) < np.unique(gt).size else gt
-                print(f"[{name}] K={np.unique(merged).size}, capacity {cap_k} ...", flush=True)
-                r, _ = bench_single(X32, family, measure, jax.random.fold_in(k_name, 3 + int(k_str)),
-                                    1, cfg["posterior_repeats"], capacity=cap_k, labels=merged)
-                out["k_sweep"][k_str] = r
-                print(f"[{name}]   {fmt_s(r['median_s'])}/sweep (K {r['num_clusters_start']} -> "
-                      f"{r['num_clusters_end']})", flush=True)
         res["datasets"][name] = out
+
+    res["k_sweep"] = {}
+    for k in cfg["k_sweep"]:
+        Xk, yk = synthetic_mixture(10_000, 6, k, seed=args.seed + k)
+        cap_k = 1 << max(5, int(np.ceil(np.log2(k + 4))))
+        fam_k = bnp.NormalWishart.from_data(Xk)
+        print(f"[synthetic K={k}] 10000 x 6, capacity {cap_k} ...", flush=True)
+        r, _ = bench_single(jnp.asarray(Xk, jnp.float32), fam_k, measure, jax.random.fold_in(key, 1000 + k),
+                            warmup, cfg["posterior_repeats"], capacity=cap_k, labels=yk)
+        res["k_sweep"][str(k)] = r
+        print(f"[synthetic K={k}]   {fmt_s(r['median_s'])}/sweep (K {r['num_clusters_start']} -> "
+              f"{r['num_clusters_end']})", flush=True)
+
+    if "10k" in data and load_labels(data_dir, "10k") is not None:
+        res["chains"] = bench_chains(data["10k"], families["10k"], load_labels(data_dir, "10k"),
+                                     cfg["chains"], args.seed)
 
     print("[toy] NumPyro MCMC(CollapsedGibbs, 16 vectorized chains) ...", flush=True)
     npc = cfg["numpyro"]

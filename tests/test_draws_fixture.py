@@ -12,8 +12,9 @@ point's cluster by inversion from one uniform instead of the argmax of Gumbel-pe
 logits (issue #21: the random numbers no longer depend on the capacity, and a sweep
 draws ``n`` of them, not ``n × (capacity + 1)``), so every entry whose kernel runs a
 Gibbs sweep (``gibbs_*``, ``sm_dp``, ``sm_py_two_sweeps``, ``tg_*``, ``dpm_gibbs``) was
-re-made then; the exact-posterior tests check the new sweep. Every other entry is the
-original.
+re-made then; the exact-posterior tests check the new sweep. ``mapdp/labels`` was re-made
+when ``MAPDP()``'s k-means++ start began with merge and split rounds (the same partition,
+its clusters numbered in another order). Every other entry is the original.
 
 The draws are computed in a fresh subprocess with the suite's XLA flags and
 float64 (what ``draws.py`` itself sets), so that they do not depend on what the

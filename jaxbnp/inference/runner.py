@@ -22,7 +22,8 @@ Chains run ``"vectorized"`` (one program, a leading chain axis in the state),
 one group per core, each group a vectorized program run from its own thread; XLA
 runs the programs side by side). ``"auto"`` (the default) takes ``"parallel"`` when
 there is a device per chain, else ``"threads"`` on a CPU with several cores, else
-``"vectorized"``. All give the same draws.
+``"vectorized"``, for kernels that declare ``chains_in_threads`` (the partition
+kernels); others run ``"vectorized"``. All give the same draws.
 
 The estimators (:class:`~jaxbnp.estimators.DirichletProcessMixture`), the
 ``jaxbnp`` command line and the ``fit_*`` functions all sample through it and
@@ -260,6 +261,9 @@ def run(
     num_warmup, num_samples, num_chains, thinning = (
         int(num_warmup), int(num_samples), int(num_chains), int(thinning))
     checkpoint_every = int(checkpoint_every or 0)
+    if chain_method == "auto" and num_chains > 1 and not getattr(
+            make_kernel(capacity), "chains_in_threads", False):
+        chain_method = "vectorized"  # kernels that couple chains or keep host-side state
     chain_method = resolve_chain_method(chain_method, num_chains)
     if chain_method == "threads" and checkpoint is not None:
         chain_method = "vectorized"  # one program to save from; the same draws
