@@ -309,3 +309,33 @@ def test_nggp_alpha_and_sigma_updates_match_enumeration():
         emp = np.bincount(np.searchsorted(edges, draws), minlength=5) / len(draws)
         tv = 0.5 * np.abs(emp - exact).sum()
         assert tv < TV_TOLERANCE, (name, tv, emp, exact)
+
+
+@pytest.mark.parametrize("family", [NG, bnp.NormalWishart(m0=np.zeros(1), r=0.3, nu=3.0, psi=np.eye(1))],
+                         ids=["NormalGamma", "NormalWishart"])
+def test_blocked_sweep_with_several_blocks_matches_enumeration(family):
+    """The sweep in blocks of 3 points (7 points: blocks of 3, 3 and 1 plus padding), started
+    from one cluster: the block's scores reused across its steps, the two changed clusters
+    rescored after a move, the padding steps leaving the state alone. Both cluster caches:
+    rank-one updates (NormalWishart) and statistics (NormalGamma)."""
+    from jaxbnp.inference.partition.clusters import canonical_labels, init_clusters
+    from jaxbnp.inference.partition.gibbs import gibbs_sweep
+
+    n, chains, sweeps = 7, 16, 5000
+    X = jnp.asarray(_gaussian_data(n, seed=4))
+    measure = bnp.DP(1.0)
+    parts = set_partitions(n)
+    probs = _exact(X, measure, family, parts)
+    state = init_clusters(family, X, np.zeros(n, int), n)
+
+    def chain(key):
+        def body(st, k):
+            st = gibbs_sweep(k, st, X, measure, family, block_size=3)
+            return st, canonical_labels(st.labels, n)
+
+        _, z = jax.lax.scan(body, state, jax.random.split(key, sweeps))
+        return z[100:]
+
+    draws = jax.jit(jax.vmap(chain))(jax.random.split(jax.random.key(11), chains))
+    tv = total_variation(np.asarray(draws).reshape(-1, n), parts, probs)
+    assert tv < TV_TOLERANCE, tv

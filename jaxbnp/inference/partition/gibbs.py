@@ -102,6 +102,7 @@ def gibbs_sweep(
     family,
     u: jax.Array | None = None,
     order: jax.Array | None = None,
+    block_size: int = BLOCK_SIZE,
 ) -> ClusterState:
     """One systematic-scan collapsed Gibbs sweep over all points (or over ``order``).
 
@@ -112,7 +113,8 @@ def gibbs_sweep(
     ``overflow`` is set (the caller must raise; see ``raise_if_overflow``).
 
     Each point's new cluster is drawn by inversion from one uniform, so the random
-    numbers a sweep uses do not depend on the capacity.
+    numbers a sweep uses do not depend on the capacity. ``block_size``: points scored
+    together (:func:`assignment_sweep`); the draws do not depend on it beyond rounding.
     """
     capacity = clusters.counts.shape[0]
     # rebuild the statistics from the labels once per sweep: no rounding drift
@@ -121,7 +123,8 @@ def gibbs_sweep(
     steps = X.shape[0] if order is None else order.shape[0]
     # in [tiny, 1): inversion never lands on a cluster of probability zero
     uniforms = jax.random.uniform(key, (steps,), dtype=X.dtype, minval=jnp.finfo(X.dtype).tiny)
-    clusters = assignment_sweep(clusters, X, measure, family, u, noise=uniforms, order=order)
+    clusters = assignment_sweep(clusters, X, measure, family, u, noise=uniforms, order=order,
+                                block_size=block_size)
     # the same recount as above (rounding identical however the chains are batched)
     return clusters._replace(stats=family.stats_from_labels(X, clusters.labels, capacity))
 
