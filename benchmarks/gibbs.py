@@ -501,7 +501,7 @@ def bench_chains(X, family, labels, cfg: dict, seed: int) -> dict:
             print(f"[10k chains] {chains} chain(s), {method}: {wall / its * 1e3:.1f} ms/iteration "
                   f"(first run with compilation {first:.1f} s)", flush=True)
     one = out["runs"]["1/vectorized"]["seconds_per_iteration"]
-    for key_, v in out["runs"].items():
+    for v in out["runs"].values():
         v["ratio_vs_one_chain"] = v["seconds_per_iteration"] / one
         v["per_chain_throughput_vs_one"] = v["num_chains"] * one / v["seconds_per_iteration"]
     return out

@@ -58,7 +58,7 @@ one = sharded.gibbs(key, X4, bnp.DP(1.0), fam4, cap, num_sweeps=2, mesh=sharded.
 st = clusters_from_labels(fam4, X4, jnp.zeros(48, jnp.int32), cap)
 for t in range(2):
     k = jax.random.fold_in(jax.random.fold_in(key, t), 0)
-    noise = jnp.concatenate([jax.random.gumbel(jax.random.fold_in(k, b), (16, cap + 1), X4.dtype) for b in range(3)])
+    noise = jnp.concatenate([gibbs.step_uniforms(jax.random.fold_in(k, b), 16, X4.dtype) for b in range(3)])
     st = gibbs.assignment_sweep(st._replace(stats=fam4.stats_from_labels(X4, st.labels, cap)), X4, bnp.DP(1.0), fam4, noise=noise)
 out["gibbs_one_shard"] = dict(equal=bool(np.array_equal(np.asarray(st.labels), np.asarray(one.clusters.labels))),
                               num_clusters=int(np.sum(np.asarray(st.counts) > 0)))

@@ -261,7 +261,7 @@ def run(
     num_warmup, num_samples, num_chains, thinning = (
         int(num_warmup), int(num_samples), int(num_chains), int(thinning))
     checkpoint_every = int(checkpoint_every or 0)
-    if chain_method == "auto" and num_chains > 1 and not getattr(
+    if chain_method in ("auto", "threads") and num_chains > 1 and not getattr(
             make_kernel(capacity), "chains_in_threads", False):
         chain_method = "vectorized"  # kernels that couple chains or keep host-side state
     chain_method = resolve_chain_method(chain_method, num_chains)
@@ -292,12 +292,7 @@ def run(
         if chain_method == "threads":
             threaded = _Threaded(make_kernel, capacity, cache_key, collect, compiler_options,
                                  num_chains, num_warmup, num_samples, thinning)
-            if not threaded.ok:
-                chain_method = "vectorized"  # a kernel that must not run in threads
-                settings = (chain_method, num_chains, num_warmup, num_samples, thinning)
-        if chain_method == "threads":
-            kernel = threaded.kernel
-            start, advance = threaded.start, threaded.advance
+            kernel, start, advance = threaded.kernel, threaded.start, threaded.advance
         else:
             kernel, start, restart, advance = _programs(
                 make_kernel, capacity, cache_key, collect, compiler_options, settings)
@@ -349,8 +344,8 @@ class _Threaded:
     group run by its own vectorized programs from a thread (module docstring). ``start``
     and ``advance`` take and return a list of per-group carries; ``join`` makes the
     vectorized carry of all the chains. Each group size is traced and compiled once, in
-    the calling thread, before the threads run. ``ok`` is ``False`` for kernels that do
-    not declare ``chains_in_threads`` (host callbacks with per-run state)."""
+    the calling thread, before the threads run. :func:`run` uses it only for kernels that
+    declare ``chains_in_threads``."""
 
     def __init__(self, make_kernel, capacity, cache_key, collect, compiler_options, num_chains,
                  num_warmup, num_samples, thinning):
@@ -361,7 +356,6 @@ class _Threaded:
         settings = ("vectorized", self.size, num_warmup, num_samples, thinning)
         self.kernel, self._start, _, self._advance = _programs(
             make_kernel, capacity, cache_key, collect, compiler_options, settings)
-        self.ok = getattr(self.kernel, "chains_in_threads", False)
 
     def _map(self, fn, per_group):
         with ThreadPoolExecutor(len(self.groups)) as pool:

@@ -85,7 +85,7 @@ from jax.sharding import PartitionSpec as P
 from .._validation import check_data, check_int, check_labels
 from ..models.measures import Measure
 from .partition.clusters import ClusterState, cluster_log_joint, compact_labels
-from .partition.gibbs import assignment_sweep
+from .partition.gibbs import assignment_sweep, step_uniforms
 from .partition.mapdp import MAPDPResult, block_delta, block_proposal
 
 __all__ = [
@@ -473,7 +473,7 @@ def _gibbs_block(key, Xl, valid_l, labels, counts, stats, overflow, b, measure, 
     B, capacity = layout.local_block, counts.shape[0]
     shard = lax.axis_index(axis)
     xb, valid, own = _block_slices(Xl, valid_l, labels, b, B)
-    noise = jax.random.gumbel(jax.random.fold_in(key, b), (B, capacity + 1), Xl.dtype)
+    noise = step_uniforms(jax.random.fold_in(key, b), B, Xl.dtype)
     positions = jnp.arange(B)
     order = jnp.where(valid, positions, jnp.max(jnp.where(valid, positions, 0)))
     local = ClusterState(own, counts, stats, overflow)
@@ -553,8 +553,8 @@ def gibbs(
     """``num_sweeps`` data-parallel collapsed-Gibbs sweeps (approximate for more than one
     device: module docstring) from ``labels`` (default: one cluster).
 
-    Random numbers: sweep ``t``, shard ``s``, local block ``b`` uses Gumbel noise
-    ``gumbel(fold_in(fold_in(fold_in(key, t), s), b), (B, capacity + 1))``.
+    Random numbers: sweep ``t``, shard ``s``, local block ``b`` uses one uniform per point,
+    ``gibbs.step_uniforms(fold_in(fold_in(fold_in(key, t), s), b), B, dtype)``.
     ``u`` (NGGP) is held fixed. Raises ``CapacityError`` if the clusters
     outgrew ``capacity``.
     """

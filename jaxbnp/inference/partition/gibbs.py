@@ -37,6 +37,7 @@ __all__ = [
     "packer",
     "init",
     "gibbs_sweep",
+    "step_uniforms",
     "assignment_sweep",
     "update_u",
     "step",
@@ -94,6 +95,13 @@ def packer(tree):
 BLOCK_SIZE = 32
 
 
+def step_uniforms(key: jax.Array, steps: int, dtype) -> jax.Array:
+    """The ``noise`` of a collapsed Gibbs :func:`assignment_sweep` of ``steps`` steps: one
+    uniform per step in ``[tiny, 1)`` (inversion never lands on a cluster of probability
+    zero)."""
+    return jax.random.uniform(key, (steps,), dtype=dtype, minval=jnp.finfo(dtype).tiny)
+
+
 def gibbs_sweep(
     key: jax.Array,
     clusters: ClusterState,
@@ -121,10 +129,8 @@ def gibbs_sweep(
     # accumulates from add/remove updates over long runs (O(n), cheap next to the sweep)
     clusters = clusters._replace(stats=family.stats_from_labels(X, clusters.labels, capacity))
     steps = X.shape[0] if order is None else order.shape[0]
-    # in [tiny, 1): inversion never lands on a cluster of probability zero
-    uniforms = jax.random.uniform(key, (steps,), dtype=X.dtype, minval=jnp.finfo(X.dtype).tiny)
-    clusters = assignment_sweep(clusters, X, measure, family, u, noise=uniforms, order=order,
-                                block_size=block_size)
+    clusters = assignment_sweep(clusters, X, measure, family, u, noise=step_uniforms(key, steps, X.dtype),
+                                order=order, block_size=block_size)
     # the same recount as above (rounding identical however the chains are batched)
     return clusters._replace(stats=family.stats_from_labels(X, clusters.labels, capacity))
 
@@ -144,10 +150,9 @@ def assignment_sweep(
 
     ``noise`` decides how: ``None`` takes the argmax (MAP-DP's iterated conditional
     modes step, docs/mathematics.md §3: the argmax of the conditional is the argmin of
-    ``d_ik``); a ``(len(order),)`` array of uniforms in ``(0, 1)`` draws by inversion
-    (collapsed Gibbs); a ``(len(order), capacity + 1)`` array of Gumbel noise takes the
-    argmax of the noisy logits (also collapsed Gibbs). The last logit belongs to "a new
-    cluster when no slot is free", which sets ``overflow``.
+    ``d_ik``); a ``(len(order),)`` array of uniforms in ``(0, 1)``
+    (:func:`step_uniforms`) draws by inversion (collapsed Gibbs). The last logit belongs
+    to "a new cluster when no slot is free", which sets ``overflow``.
 
     How it runs (docs/design.md, "The Gibbs sweep"): the points go in blocks of
     ``block_size``. At the start of a block its points are scored against every
@@ -223,11 +228,9 @@ def assignment_sweep(
             tn = jnp.minimum(t, steps - 1)
             if noise is None:
                 choice = jnp.argmax(logits)
-            elif noise.ndim == 1:
+            else:
                 cdf = jnp.cumsum(jnp.exp(logits - jnp.max(logits)))
                 choice = jnp.sum(cdf < noise[tn] * cdf[-1])
-            else:
-                choice = jnp.argmax(logits + noise[tn])
             overflow = overflow | ((choice == capacity) & valid)
             new = jnp.where((choice == capacity) | ~valid, old, choice).astype(own.dtype)
             moved = new != old
