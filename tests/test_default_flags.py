@@ -39,7 +39,8 @@ compile; the masked form may only succeed or die of that LLVM error. The smalles
 ``test_every_sampler_and_estimator``: every public kernel (``CollapsedGibbs``,
 ``SplitMerge``, ``TreeGuidedMCMC`` with device and host trees, ``SubClusterMCMC``,
 ``DiffusionTreeMCMC``, ``PopulationDDT`` in ``numpyro.infer.MCMC``), estimator (``MAPDP``,
-``DirichletProcessMixture`` with methods gibbs, subcluster and mapdp, ``select_alpha``) and
+``DirichletProcessMixture`` with methods gibbs, subcluster and mapdp, and gibbs with 3 chains
+spread over the cores from threads, ``select_alpha``) and
 fitting function (``fit_ddt``, ``fit_bhmc`` with ``compiler_options=None``, ``fit_mapdp_chunked``, ``fit_subcluster_chunked``,
 ``distributed.fit_mapdp_sharded``, ``distributed.gibbs_sharded``) on 20 points, in
 float32 and in float64 (x64 enabled before anything else), four scripts per dtype.
@@ -204,10 +205,10 @@ def mapdp():
 
 
 
-def dpm(method):
+def dpm(method, num_chains=2):
     def go():
-        est = bnp.DirichletProcessMixture(method=method, family=FAMILY, num_chains=2, num_warmup=2,
-                                          num_samples=3, random_state=0).fit(X)
+        est = bnp.DirichletProcessMixture(method=method, family=FAMILY, num_chains=num_chains,
+                                          num_warmup=2, num_samples=3, random_state=0).fit(X)
         labels(f"DPM[{method}].labels_", est.labels_, (N,))
         labels(f"DPM[{method}].predict", est.predict(X), (N,), high=N + 1)
         proba = np.asarray(est.predict_proba(X))
@@ -281,6 +282,9 @@ if GROUP == "estimators":
     # estimator runs it with its own default capacity and the runner's loop)
     for method in ("gibbs", "subcluster", "mapdp"):
         run(f"DirichletProcessMixture method={method} fit+predict", dpm(method))
+    # 3 chains on 2 host devices: the runner's default spreads them over the cores from
+    # threads (chain_method="threads", the padded last group included) on a multi-core CPU
+    run("DirichletProcessMixture method=gibbs, 3 chains (threads)", dpm("gibbs", num_chains=3))
     run("select_alpha nll, heldout", select)
 if GROUP == "bhmc_distributed":
     run("fit_bhmc (compiler_options=None: XLA defaults)", bhmc_fit)
