@@ -54,6 +54,11 @@ def test_chain_methods_give_identical_draws(model):
         other = runs[method].get_samples(group_by_chain=True)
         assert set(other) == set(ref)
         for site in ref:
+            if method == "vectorized-vmap" and site != "z":
+                # batched chains (not the CPU default) may fuse NGGP's slice update of u in
+                # another order: the same partitions, u equal up to rounding
+                np.testing.assert_allclose(np.asarray(other[site]), np.asarray(ref[site]), rtol=1e-12)
+                continue
             np.testing.assert_array_equal(np.asarray(other[site]), np.asarray(ref[site]), err_msg=method)
     # chains differ from each other (the keys are really split)
     assert not np.array_equal(ref["z"][0], ref["z"][1])

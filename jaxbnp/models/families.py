@@ -632,6 +632,39 @@ class NormalWishart(Family):
         """
         return self._rank_one(params, x, -1.0)
 
+    def removed_norms(self, counts):
+        """The count terms of the t normaliser of a cluster of ``counts`` points after one
+        is removed (``counts − 1`` points): :meth:`log_predictive_removed` adds
+        ``−½ log|Ψ_{n−1}|``. The collapsed Gibbs sweep tabulates them once per sweep
+        over ``counts = 1..n``; ``counts = 0`` gives a finite placeholder."""
+        d = self.psi.shape[-1]
+        n = jnp.maximum(jnp.asarray(counts) - 1, 0).astype(jnp.result_type(self.r, float))
+        rn, nun = self.r + n, self.nu + n
+        dof = nun - d + 1.0
+        return (gammaln(0.5 * (dof + d)) - gammaln(0.5 * dof) - 0.5 * d * jnp.log(dof * jnp.pi)
+                - 0.5 * d * jnp.log((rn + 1.0) / (rn * dof)))
+
+    def log_predictive_removed(self, params, x, norm=None):
+        """``log p(x | X_c \\ {x})`` from the cached parameters of a cluster that contains
+        ``x`` (leading axis 1), without forming the parameters of ``X_c \\ {x}``: with
+        ``v = x − m_n``, ``q = vᵀ Ψ_n⁻¹ v`` and ``δ = 1 − r_n q / (r_n − 1)``,
+        :meth:`params_remove` gives ``log|Ψ_{n−1}| = log|Ψ_n| + log δ`` and
+        ``(x − m_{n−1})ᵀ Ψ_{n−1}⁻¹ (x − m_{n−1}) = (r_n / (r_n − 1))² q / δ`` (docs/mathematics.md §2). ``norm``: the
+        count terms, :meth:`removed_norms` of the cluster's count (computed when omitted).
+        One quadratic form per visited point: the collapsed Gibbs sweep scores each point
+        against its own cluster this way. Shape ``(1,)``."""
+        d = self.psi.shape[-1]
+        rn = params.rn
+        if norm is None:
+            norm = self.removed_norms(jnp.round(rn - self.r).astype(jnp.int32))
+        v = x - params.mean
+        q = jnp.sum(params.psi_inv * (v[..., :, None] * v[..., None, :]), (-2, -1))
+        denom = 1.0 - rn * q / (rn - 1.0)
+        # r_{n-1} / (r_{n-1} + 1) = (r_n - 1) / r_n times the removed cluster's quadratic form
+        q_shrunk = rn * q / ((rn - 1.0) * denom)
+        dof = params.nun - d  # ν_{n-1} − D + 1
+        return norm - 0.5 * (params.logdet_psi + jnp.log(denom)) - 0.5 * (dof + d) * jnp.log1p(q_shrunk)
+
     def _rank_one(self, p, x, sign):
         rn = p.rn
         v = x - p.mean

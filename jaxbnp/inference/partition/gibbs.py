@@ -158,11 +158,13 @@ def assignment_sweep(
     ``block_size``. At the start of a block its points are scored against every
     cluster in one vectorised call (:meth:`log_predictive_pairwise`); inside the
     block only what a step changes is rescored: the visited point against its own
-    cluster without it, and, when a point moves, the block's points against the two
-    clusters it left and joined. The draws are those of the point-by-point sweep.
-    Clusters keep cached predictive parameters (rank-one updates for families that
-    have them, else recomputed from the two changed slots' statistics); writes that
-    a step does not need go to a scratch slot, so every update is in place.
+    cluster without it (``log_predictive_removed``, one quadratic form, where the family
+    has it), and, when a point moves, the block's points against the two clusters it
+    left and joined. The draws are those of the point-by-point sweep. Clusters keep
+    cached predictive parameters (rank-one updates for families that have them, else
+    recomputed from the two changed slots' statistics). Everything that follows a move
+    sits in a ``lax.cond``: a point that stays, most points once a chain has settled,
+    costs the scoring and the draw only.
     """
     n = X.shape[0]
     capacity = clusters.counts.shape[0]
@@ -172,7 +174,7 @@ def assignment_sweep(
     num_blocks = -(-steps // B)
     padded = jnp.concatenate([order, jnp.full((num_blocks * B - steps,), order[-1], order.dtype)])
     rank_one = hasattr(family, "params_add") and hasattr(family, "params_remove")
-    scratch = capacity  # one extra slot that absorbs the writes a step does not need
+    removed_score = hasattr(family, "log_predictive_removed")
     slots = jnp.arange(capacity)
 
     stats_in = clusters.stats
@@ -183,10 +185,10 @@ def assignment_sweep(
     prior_packed = pack_params(prior_params)[0]
     # log p(x_i) under the prior does not depend on the state: all points at once
     prior_log_pred = family.log_predictive_pairwise(X, prior_params)[:, 0]
-    table = jnp.concatenate([pack_params(params), prior_packed[None]])
-    stats_table = jnp.concatenate(
-        [pack_stats(stats_in), jnp.zeros_like(pack_stats(stats_in)[:1])]
-    ) if not rank_one else jnp.zeros((1, 1), X.dtype)
+    table = pack_params(params)
+    if removed_score:  # count terms of a cluster's predictive without the visited point
+        norms = family.removed_norms(jnp.arange(n + 1))
+    stats_table = pack_stats(stats_in) if not rank_one else jnp.zeros((1, 1), X.dtype)
     zero_stats = jnp.zeros_like(stats_table[0])
 
     def score(Xs, rows):
@@ -196,63 +198,79 @@ def assignment_sweep(
         labels, counts, table, stats_table, overflow = carry
         idx = lax.dynamic_slice_in_dim(padded, b * B, B)
         Xb = X[idx]
-        scores = score(Xb, table)  # (B, capacity + 1)
+        scores = score(Xb, table)  # (B, capacity)
 
         def step(j, c):
             own, counts, table, stats_table, overflow, scores = c
             t = b * B + j
             valid = t < steps
             i, x, old = idx[j], Xb[j], own[j]
-            # remove point i from its cluster
-            left = counts[old] - 1
-            counts = lax.dynamic_update_index_in_dim(counts, left, old, 0)
-            emptied = left == 0
+            # remove point i from its cluster (the counts array changes only if it moves)
+            at_old = slots == old
+            counts_out = jnp.where(at_old, counts - 1, counts)
+            emptied = counts[old] == 1
+            # its cluster's predictive without it (an emptied slot is the prior exactly)
             if rank_one:
-                down = pack_params(family.params_remove(unpack_params(table[old][None]), x))[0]
+                row = unpack_params(table[old][None])
+                if removed_score:
+                    own_score = family.log_predictive_removed(row, x, norms[counts[old]])[0]
+                else:
+                    own_score = score(x[None], pack_params(family.params_remove(row, x)))[0, 0]
             else:
                 ps = pack_stats(family.point_stats(x[None]))[0]
                 stats_down = jnp.where(emptied, zero_stats, stats_table[old] - ps)
                 down = pack_params(family.predictive_params(unpack_stats(stats_down[None])))[0]
-            # an emptied slot goes back to the prior exactly
-            down = jnp.where(emptied, prior_packed, down)
+                own_score = score(x[None], down[None])[0, 0]
+            own_score = jnp.where(emptied, prior_log_pred[i], own_score)
             # weights (docs/mathematics.md §1) times predictive (docs/mathematics.md §2)
-            log_pred = jnp.where(slots == old, score(x[None], down[None])[0, 0], scores[j, :capacity])
-            log_existing, log_new = measure.gibbs_log_weights(counts, u)
+            log_pred = jnp.where(at_old, own_score, scores[j])
+            log_existing, log_new = measure.gibbs_log_weights(counts_out, u)
             new_logit = log_new + prior_log_pred[i]
-            free = counts == 0
-            free_slot = jnp.argmax(free)
-            has_free = jnp.any(free)
-            logits = jnp.where(free, -jnp.inf, log_existing + log_pred)
-            logits = jnp.where((slots == free_slot) & has_free, new_logit, logits)
+            free = counts_out == 0
+            joint = jnp.where(free, -jnp.inf, log_existing + log_pred)
+            # one pass: the largest logit of an occupied slot and the first free slot
+            top, free_slot = lax.reduce(
+                (joint, jnp.where(free, slots, capacity)),
+                (jnp.array(-jnp.inf, joint.dtype), jnp.array(capacity, slots.dtype)),
+                lambda a, b: (jnp.maximum(a[0], b[0]), jnp.minimum(a[1], b[1])), (0,))
+            has_free = free_slot < capacity
+            logits = jnp.where(slots == free_slot, new_logit, joint)
             logits = jnp.append(logits, jnp.where(has_free, -jnp.inf, new_logit))
             tn = jnp.minimum(t, steps - 1)
             if noise is None:
                 choice = jnp.argmax(logits)
             else:
-                cdf = jnp.cumsum(jnp.exp(logits - jnp.max(logits)))
+                # the largest logit: new_logit sits once, in a free slot or at the end
+                cdf = jnp.cumsum(jnp.exp(logits - jnp.maximum(top, new_logit)))
                 choice = jnp.sum(cdf < noise[tn] * cdf[-1])
             overflow = overflow | ((choice == capacity) & valid)
             new = jnp.where((choice == capacity) | ~valid, old, choice).astype(own.dtype)
-            moved = new != old
-            # write the two changed slots (or the scratch slot when the point stays,
-            # which leaves the cached parameters bit-for-bit as they were)
-            at_old = jnp.where(moved, old, scratch)
-            at_new = jnp.where(moved, new, scratch)
-            table = lax.dynamic_update_index_in_dim(table, down, at_old, 0)
-            if rank_one:
-                up = pack_params(family.params_add(unpack_params(table[new][None]), x))[0]
-            else:
-                stats_table = lax.dynamic_update_index_in_dim(stats_table, stats_down, at_old, 0)
-                stats_up = stats_table[new] + ps
-                stats_table = lax.dynamic_update_index_in_dim(stats_table, stats_up, at_new, 0)
-                up = pack_params(family.predictive_params(unpack_stats(stats_up[None])))[0]
-            table = lax.dynamic_update_index_in_dim(table, up, at_new, 0)
-            counts = lax.dynamic_update_index_in_dim(counts, counts[new] + 1, new, 0)
-            # rescore the block against the two changed slots (read back from the table)
-            fresh = score(Xb, table[jnp.stack([at_old, at_new])])
-            scores = lax.dynamic_update_index_in_dim(scores, fresh[:, 0], at_old, 1)
-            scores = lax.dynamic_update_index_in_dim(scores, fresh[:, 1], at_new, 1)
-            own = jnp.where(idx == i, new, own)  # repeats of i in the block see its new label
+
+            def move(c):
+                # write the two changed slots and rescore the block against them; a point
+                # that stays changes nothing (lax.cond skips all of this)
+                own, counts, table, stats_table, scores = c
+                removed = (pack_params(family.params_remove(unpack_params(table[old][None]), x))[0]
+                           if rank_one else down)
+                down_row = jnp.where(emptied, prior_packed, removed)
+                table = lax.dynamic_update_index_in_dim(table, down_row, old, 0)
+                if rank_one:
+                    up = pack_params(family.params_add(unpack_params(table[new][None]), x))[0]
+                else:
+                    stats_table = lax.dynamic_update_index_in_dim(stats_table, stats_down, old, 0)
+                    stats_up = stats_table[new] + ps
+                    stats_table = lax.dynamic_update_index_in_dim(stats_table, stats_up, new, 0)
+                    up = pack_params(family.predictive_params(unpack_stats(stats_up[None])))[0]
+                table = lax.dynamic_update_index_in_dim(table, up, new, 0)
+                counts = jnp.where(slots == new, counts + 1, jnp.where(slots == old, counts - 1, counts))
+                fresh = score(Xb, table[jnp.stack([old, new])])
+                scores = lax.dynamic_update_index_in_dim(scores, fresh[:, 0], old, 1)
+                scores = lax.dynamic_update_index_in_dim(scores, fresh[:, 1], new, 1)
+                own = jnp.where(idx == i, new, own)  # repeats of i in the block see its new label
+                return own, counts, table, stats_table, scores
+
+            own, counts, table, stats_table, scores = lax.cond(
+                new != old, move, lambda c: c, (own, counts, table, stats_table, scores))
             return own, counts, table, stats_table, overflow, scores
 
         own, counts, table, stats_table, overflow, _ = lax.fori_loop(

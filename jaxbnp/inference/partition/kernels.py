@@ -500,10 +500,12 @@ class CollapsedGibbs(PartitionKernel):
         (a draw from the partition prior, O(n²)).
     :param chain_batching: how ``chain_method="vectorized"`` runs the chains in
         one program: ``"vmap"`` (batched), ``"map"`` (``lax.map``, one chain
-        after another) or ``"auto"`` (``"vmap"``). A sweep is a loop over points
-        whose steps are small, so batching the chains shares each step's fixed
-        cost among them (``benchmarks/gibbs.py`` measures 8 vmapped chains against
-        one). Draws are identical.
+        after another) or ``"auto"`` (``"map"`` on a CPU, ``"vmap"`` on an
+        accelerator). A sweep skips the updates of a point that stays where it
+        was (a ``lax.cond``); batched, both branches run for every chain, so on a
+        CPU one chain after another is faster (``benchmarks/gibbs.py`` measures 8
+        vmapped chains against one). On a CPU with several cores the runner spreads
+        chains over them (``chain_method="auto"``). Draws are identical.
     :param update_hyperparameters: also update the measure's hyperparameters
         when they are sample sites: DP ``alpha ~ Gamma`` by Escobar-West,
         NGGP ``alpha ~ Gamma`` (conjugate given ``u``) and ``sigma ~ Beta``
@@ -521,7 +523,7 @@ class CollapsedGibbs(PartitionKernel):
     without a host callback can be kept by JAX's persistent compilation cache.
     """
 
-    _cpu_batching = "vmap"
+    _cpu_batching = "map"
 
     show_acceptance = False
 
