@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from sklearn.datasets import load_wine
+from sklearn.metrics import adjusted_rand_score
 
 import jaxbnp as bnp
 from jaxbnp.inference import distributed, sharded
@@ -27,6 +28,7 @@ from .device_scripts import background_fixture, run_processes
 PRELUDE = """
 import numpy as np
 from sklearn.datasets import load_wine
+from sklearn.metrics import adjusted_rand_score
 import jaxbnp as bnp
 X = load_wine().data
 X = (X - X.mean(0)) / X.std(0)
@@ -178,7 +180,7 @@ def test_batched_mapdp_padding_keeps_labels_counts_and_nll_consistent():
 def test_chunked_mapdp_equals_the_in_memory_fit_and_is_monotone():
     X, family = _wine()
     res = distributed.fit_mapdp_chunked(np.asarray(X), bnp.DP(1.0), family, 32, chunk_size=48,
-                                        block_size=16, max_iter=20)
+                                        block_size=16, max_iter=20, init="one")
     trace, labels = _in_memory_reference()
     assert res.labels.shape == (178,) and res.n_iter == len(trace) - 1 >= 2
     np.testing.assert_allclose(res.nll_trace, trace, rtol=1e-12)
@@ -194,8 +196,24 @@ def test_chunked_mapdp_reads_a_memmap(tmp_path):
     path = tmp_path / "X.npy"
     np.save(path, X)
     res = distributed.fit_mapdp_chunked(np.load(path, mmap_mode="r"), bnp.DP(1.0), family, 32,
-                                        chunk_size=48, block_size=16, max_iter=20)
+                                        chunk_size=48, block_size=16, max_iter=20, init="one")
     np.testing.assert_array_equal(res.labels, _in_memory_reference()[1])
+
+
+def test_chunked_mapdp_starts_from_a_fit_of_a_subsample():
+    """The default start: MAP-DP with moves on 300 of the 2300 points, every point in its best
+    cluster of that fit, then streamed sweeps. It finds the four blobs (the one-cluster start
+    finds one), the NLL never increases from the start and ends at -log p(X, labels)."""
+    X, family = _blobs(2300)
+    res = distributed.fit_mapdp_chunked(X, bnp.DP(1.0), family, 16, chunk_size=512, block_size=128,
+                                        init_size=300)
+    assert adjusted_rand_score(res.labels, np.arange(2300) % 4) > 0.99
+    assert np.all(np.diff(res.nll_trace) <= 0)
+    np.testing.assert_allclose(res.nll, -float(bnp.log_joint(X, res.labels, bnp.DP(1.0), family)),
+                               rtol=1e-6)
+    one = distributed.fit_mapdp_chunked(X, bnp.DP(1.0), family, 16, chunk_size=512, block_size=128,
+                                        init="one")
+    assert len(np.unique(one.labels)) < 4 and one.nll > res.nll
 
 
 @functools.cache
@@ -283,7 +301,12 @@ def test_bad_inputs_raise_before_compiling():
     bad = np.array(X)
     bad[170, 2] = np.inf  # in the last chunk: found by the validation pass, before any sweep
     with pytest.raises(ValueError, match=r"X\[144:178\] contains NaN or inf"):
+        distributed.fit_mapdp_chunked(bad, bnp.DP(1.0), family, 32, chunk_size=48, block_size=16,
+                                      init="one")
+    with pytest.raises(ValueError, match=r"X \(subsample\) contains NaN or inf"):
         distributed.fit_mapdp_chunked(bad, bnp.DP(1.0), family, 32, chunk_size=48, block_size=16)
+    with pytest.raises(ValueError, match="init must be 'subsample' or 'one'"):
+        distributed.fit_mapdp_chunked(X, bnp.DP(1.0), family, 32, init="kmeans")
 
 
 def test_layout_pads_without_dropping_points():

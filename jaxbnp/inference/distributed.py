@@ -56,6 +56,7 @@ from .._pytree import tree_add
 from .._validation import check_data, check_host_array, check_int
 from .partition.clusters import CapacityError, ClusterState, log_joint_of_sums
 from .partition.mapdp import batched_sweep
+from .partition.mapdp import fit as mapdp_fit
 from .partition.subcluster import ChunkedSubClusterResult, fit_subcluster_chunked
 from .sharded import (
     AXIS_NAME, Layout, ShardedData, ShardedGibbsResult, make_layout, make_mesh, shard_data,
@@ -112,7 +113,7 @@ class ChunkedMAPDPResult(NamedTuple):
     labels: ``(n,)`` host int32 slot of each point.
     counts, stats: global cluster counts and statistics (rebuilt from the labels).
     nll: final ``−log p(X, Π)``; n_iter: sweeps run;
-    nll_trace: ``(n_iter + 1,)`` NLL after each sweep (index 0: the one-cluster start).
+    nll_trace: ``(n_iter + 1,)`` NLL after each sweep (index 0: the start).
     """
 
     labels: np.ndarray
@@ -128,6 +129,23 @@ def _chunk_stats(Xc, labels_c, family, capacity: int):
     counts = jax.ops.segment_sum(jnp.ones(labels_c.shape[0], jnp.int32), labels_c,
                                  num_segments=capacity)
     return counts, family.stats_from_labels(Xc, labels_c, capacity)
+
+
+@functools.partial(jax.jit, static_argnames=("block_size",))
+def _chunk_seed(Xc, counts, stats, measure: Measure, family, block_size: int):
+    """Each point of the chunk in the cluster (of a subsample's fit) with the largest MAP-DP
+    weight ``log N_k + log p(x | X_k)``, and the chunk's counts and statistics."""
+    capacity = counts.shape[0]
+    log_existing, _ = measure.gibbs_log_weights(counts)
+    params = family.predictive_params(stats)
+
+    def best(x):
+        return jnp.argmax(jnp.where(counts > 0, log_existing + family.log_predictive_from_params(x, params),
+                                    -jnp.inf)).astype(jnp.int32)
+
+    labels_c = jax.lax.map(best, Xc, batch_size=block_size)
+    chunk_counts, chunk_stats = _chunk_stats(Xc, labels_c, family, capacity)
+    return labels_c, chunk_counts, chunk_stats
 
 
 @functools.partial(jax.jit, static_argnames=("block_size",))
@@ -152,22 +170,41 @@ def fit_mapdp_chunked(
     tol: float = 1e-6,
     max_iter: int = 100,
     device: jax.Device | None = None,
+    init: str = "subsample",
+    init_size: int = 1 << 16,
+    random_state: int = 0,
 ) -> ChunkedMAPDPResult:
     """Batched MAP-DP streaming host data through the device chunk by chunk (module docstring).
 
     ``X``: ``(n, D)`` NumPy array or ``np.memmap`` (never copied whole to the
     device). ``chunk_size`` is rounded down to a multiple of ``block_size``
-    (at least one block). Starts from one cluster, visits the points in index
-    order and stops like ``mapdp.fit``: when a sweep lowers the NLL by less than
-    ``tol`` or changes no label, or after ``max_iter`` sweeps. Every chunk is
-    validated (finite, numeric, the family's constraints) in the first pass,
-    before any sweep. Two jitted programs (full chunks and the last, shorter
-    chunk). Raises ``CapacityError`` if the clusters outgrow ``capacity``.
+    (at least one block). Visits the points in index order and stops like
+    ``mapdp.fit``: when a sweep lowers the NLL by less than ``tol`` or changes no
+    label, or after ``max_iter`` sweeps. Every chunk is validated (finite, numeric,
+    the family's constraints) in the first pass, before any sweep. Raises
+    ``CapacityError`` if the clusters outgrow ``capacity``.
+
+    ``init``: where the sweeps start.
+
+    * ``"subsample"`` (default): MAP-DP with ``MAPDP()``'s moves (k-means++ start of
+      32 clusters, merge and split rounds, batched sweeps; ``mapdp.fit``) on
+      ``init_size`` points drawn without replacement with ``random_state``; then every
+      point goes to the cluster of that fit with the largest ``log N_k + log p(x | X_k)``
+      (a pass over the chunks, which also validates them). The sweeps over all points
+      start from there. The streamed sweeps have no split or merge moves of their own:
+      the subsample fit finds the clusters, the sweeps settle every point.
+    * ``"one"``: every point in one cluster (the paper's start; with it this function is
+      ``mapdp.fit(mode="batched")`` run chunk by chunk).
+
+    The NLL never increases from the start on (``nll_trace[0]`` is the start's).
     """
     X = check_host_array(X)
-    capacity, chunk_size, block_size, max_iter = (
+    capacity, chunk_size, block_size, max_iter, init_size = (
         check_int(name, v, 1) for name, v in (("capacity", capacity), ("chunk_size", chunk_size),
-                                              ("block_size", block_size), ("max_iter", max_iter)))
+                                              ("block_size", block_size), ("max_iter", max_iter),
+                                              ("init_size", init_size)))
+    if init not in ("subsample", "one"):
+        raise ValueError(f"fit_mapdp_chunked: init must be 'subsample' or 'one', got {init!r}.")
     n = int(X.shape[0])
     chunk_size = max(block_size, (chunk_size // block_size) * block_size)
     bounds = [(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
@@ -181,11 +218,30 @@ def fit_mapdp_chunked(
         return jax.device_put(np.asarray(chunk, dtype=dtype), device)
 
     labels = np.zeros(n, np.int32)
-    # first pass: validate every chunk and build the one-cluster statistics
+    seed = None
+    if init == "subsample" and n > 1:
+        rng = np.random.default_rng(random_state)
+        m = min(n, init_size)
+        rows = np.sort(rng.choice(n, m, replace=False)) if m < n else np.arange(n)
+        sub = jax.device_put(np.asarray(
+            check_data(np.asarray(X[rows]), name="X (subsample)", family=family), dtype), device)
+        best, _ = mapdp_fit(jax.random.key(random_state), sub, measure, family, capacity,
+                            mode="batched", block_size=block_size, split_moves=True,
+                            merge_moves=True, init_clusters=min(32, capacity, m))
+        if bool(best.clusters.overflow):
+            raise CapacityError(
+                f"jaxbnp: all {capacity} cluster slots are in use in the fit of the subsample; "
+                "pass a larger capacity (e.g. twice as large).")
+        seed = best.clusters
+    # first pass: validate every chunk and build the statistics of the start
     counts = stats = None
     for s, e in bounds:
-        c, st = _chunk_stats(load(s, e, validate=True), jax.device_put(labels[s:e], device), family,
-                             capacity)
+        Xc = load(s, e, validate=True)
+        if seed is None:
+            c, st = _chunk_stats(Xc, jax.device_put(labels[s:e], device), family, capacity)
+        else:
+            lab_c, c, st = _chunk_seed(Xc, seed.counts, seed.stats, measure, family, block_size)
+            labels[s:e] = np.asarray(lab_c)
         counts, stats = (c, st) if counts is None else tree_add((counts, stats), (c, st))
     nll = -log_joint_of_sums(counts, stats, measure, family)
     trace = [float(nll)]
