@@ -55,7 +55,7 @@ import numpy as np
 from .._pytree import tree_add
 from .._validation import check_data, check_host_array, check_int
 from .partition.clusters import CapacityError, ClusterState, log_joint_of_sums
-from .partition.mapdp import batched_sweep
+from .partition.mapdp import batched_sweep, predict_log_weights
 from .partition.mapdp import fit as mapdp_fit
 from .partition.subcluster import ChunkedSubClusterResult, fit_subcluster_chunked
 from .sharded import (
@@ -132,19 +132,16 @@ def _chunk_stats(Xc, labels_c, family, capacity: int):
 
 
 @functools.partial(jax.jit, static_argnames=("block_size",))
-def _chunk_seed(Xc, counts, stats, measure: Measure, family, block_size: int):
-    """Each point of the chunk in the cluster (of a subsample's fit) with the largest MAP-DP
-    weight ``log N_k + log p(x | X_k)``, and the chunk's counts and statistics."""
-    capacity = counts.shape[0]
-    log_existing, _ = measure.gibbs_log_weights(counts)
-    params = family.predictive_params(stats)
+def _chunk_seed(Xc, seed: ClusterState, measure: Measure, family, block_size: int):
+    """Each point of the chunk in the cluster of ``seed`` (a subsample's fit) with the largest
+    MAP-DP weight ``log N_k + log p(x | X_k)`` (``mapdp.predict_log_weights``), ``block_size``
+    points at a time, and the chunk's counts and statistics."""
 
     def best(x):
-        return jnp.argmax(jnp.where(counts > 0, log_existing + family.log_predictive_from_params(x, params),
-                                    -jnp.inf)).astype(jnp.int32)
+        return jnp.argmax(predict_log_weights(x[None], seed, measure, family)[0][0]).astype(jnp.int32)
 
     labels_c = jax.lax.map(best, Xc, batch_size=block_size)
-    chunk_counts, chunk_stats = _chunk_stats(Xc, labels_c, family, capacity)
+    chunk_counts, chunk_stats = _chunk_stats(Xc, labels_c, family, seed.counts.shape[0])
     return labels_c, chunk_counts, chunk_stats
 
 
@@ -240,7 +237,7 @@ def fit_mapdp_chunked(
         if seed is None:
             c, st = _chunk_stats(Xc, jax.device_put(labels[s:e], device), family, capacity)
         else:
-            lab_c, c, st = _chunk_seed(Xc, seed.counts, seed.stats, measure, family, block_size)
+            lab_c, c, st = _chunk_seed(Xc, seed, measure, family, block_size)
             labels[s:e] = np.asarray(lab_c)
         counts, stats = (c, st) if counts is None else tree_add((counts, stats), (c, st))
     nll = -log_joint_of_sums(counts, stats, measure, family)

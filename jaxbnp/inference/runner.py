@@ -359,8 +359,7 @@ class _Threaded:
 
     def _map(self, fn, per_group):
         with ThreadPoolExecutor(len(self.groups)) as pool:
-            return list(pool.map(lambda args: jax.block_until_ready(fn(*args)),
-                                 zip(self.groups, per_group)))
+            return list(pool.map(lambda arg: jax.block_until_ready(fn(arg)), per_group))
 
     @staticmethod
     def _compiled(program, args):
@@ -392,11 +391,11 @@ class _Threaded:
         args = [(self._part(keys, a, b), self._part(init_params, a, b), model_args, model_kwargs)
                 for a, b in self.groups]
         fn = self._compiled(self._start, args[0])
-        return self._map(lambda g, arg: fn(*arg), args)
+        return self._map(lambda arg: fn(*arg), args)
 
     def advance(self, carries, first, count, model_args, model_kwargs):
         fn = self._compiled(self._advance, (carries[0], first, count, model_args, model_kwargs))
-        return self._map(lambda g, c: fn(c, first, count, model_args, model_kwargs), carries)
+        return self._map(lambda c: fn(c, first, count, model_args, model_kwargs), carries)
 
     def join(self, carries):
         """The carry of all the chains (padding dropped), laid out as ``"vectorized"``'s."""

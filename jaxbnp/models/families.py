@@ -578,17 +578,18 @@ class NormalWishart(Family):
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), -1)
         return self._with_norm(mn, psi_inv, logdet, rn, nun)
 
-    def _with_norm(self, mn, psi_inv, logdet_psi, rn, nun):
+    def _t_count_terms(self, rn, nun):
+        """The terms of the t predictive's log normaliser that depend on the count only:
+        ``log Γ((dof+D)/2) − log Γ(dof/2) − D/2 log(dof π)`` and ``D log((r_n+1)/(r_n dof))``,
+        ``log|scale| − log|Ψ_n|`` (scale = Ψ_n (r_n+1) / (r_n dof), dof = ν_n − D + 1)."""
         d = self.psi.shape[-1]
         dof = nun - d + 1.0
-        # log|scale| with scale = Ψ_n (r_n+1) / (r_n dof)
-        logdet_scale = logdet_psi + d * jnp.log((rn + 1.0) / (rn * dof))
-        log_norm = (
-            gammaln(0.5 * (dof + d))
-            - gammaln(0.5 * dof)
-            - 0.5 * d * jnp.log(dof * jnp.pi)
-            - 0.5 * logdet_scale
-        )
+        return (gammaln(0.5 * (dof + d)) - gammaln(0.5 * dof) - 0.5 * d * jnp.log(dof * jnp.pi),
+                d * jnp.log((rn + 1.0) / (rn * dof)))
+
+    def _with_norm(self, mn, psi_inv, logdet_psi, rn, nun):
+        gamma_terms, scale_ratio = self._t_count_terms(rn, nun)
+        log_norm = gamma_terms - 0.5 * (logdet_psi + scale_ratio)
         return NormalWishartParams(mn, psi_inv, logdet_psi, rn, nun, log_norm)
 
     def log_predictive_from_params(self, x, params):
@@ -637,12 +638,9 @@ class NormalWishart(Family):
         is removed (``counts − 1`` points): :meth:`log_predictive_removed` adds
         ``−½ log|Ψ_{n−1}|``. The collapsed Gibbs sweep tabulates them once per sweep
         over ``counts = 1..n``; ``counts = 0`` gives a finite placeholder."""
-        d = self.psi.shape[-1]
         n = jnp.maximum(jnp.asarray(counts) - 1, 0).astype(jnp.result_type(self.r, float))
-        rn, nun = self.r + n, self.nu + n
-        dof = nun - d + 1.0
-        return (gammaln(0.5 * (dof + d)) - gammaln(0.5 * dof) - 0.5 * d * jnp.log(dof * jnp.pi)
-                - 0.5 * d * jnp.log((rn + 1.0) / (rn * dof)))
+        gamma_terms, scale_ratio = self._t_count_terms(self.r + n, self.nu + n)
+        return gamma_terms - 0.5 * scale_ratio
 
     def log_predictive_removed(self, params, x, norm=None):
         """``log p(x | X_c \\ {x})`` from the cached parameters of a cluster that contains

@@ -223,8 +223,7 @@ class PartitionKernel(DiscreteSiteKernel):
     :param capacity: as for :class:`CollapsedGibbs`.
     :param init_strategy: as for :class:`CollapsedGibbs`.
     :param update_hyperparameters: as for :class:`CollapsedGibbs`.
-    :param chain_batching: as for :class:`CollapsedGibbs`, except that ``"auto"`` means
-        ``"map"`` on a CPU (moves other than a Gibbs sweep have not been measured batched).
+    :param chain_batching: as for :class:`CollapsedGibbs`.
 
     Each iteration splits the chain's key into ``(next, step, alpha, sigma)``, runs
     the move with ``step``, then the hyperparameter updates. The state
@@ -233,8 +232,6 @@ class PartitionKernel(DiscreteSiteKernel):
     ``num_accepted``, ``num_proposed``, ``mean_log_accept``).
     """
 
-    #: what ``chain_batching="auto"`` means on a CPU
-    _cpu_batching = "map"
     #: pure device programs: :func:`jaxbnp.inference.runner.run` may run groups of chains
     #: from several threads (``chain_method="threads"``)
     chains_in_threads = True
@@ -328,7 +325,7 @@ class PartitionKernel(DiscreteSiteKernel):
             state = jax.vmap(init_one, in_axes=(0, axes))(rng_key, init_params)
             batching = self._chain_batching
             if batching == "auto":
-                batching = self._cpu_batching if jax.default_backend() == "cpu" else "vmap"
+                batching = "map" if jax.default_backend() == "cpu" else "vmap"
             if batching == "vmap":
                 self._sample_fn = jax.vmap(sample_one, in_axes=(0, None, None))
             else:
@@ -523,8 +520,6 @@ class CollapsedGibbs(PartitionKernel):
     without a host callback can be kept by JAX's persistent compilation cache.
     """
 
-    _cpu_batching = "map"
-
     show_acceptance = False
 
     def __init__(
@@ -566,7 +561,7 @@ class SplitMerge(PartitionKernel):
         all are used raises ``CapacityError``.
     :param init_strategy: as for :class:`CollapsedGibbs`.
     :param update_hyperparameters: as for :class:`CollapsedGibbs`.
-    :param chain_batching: as for :class:`PartitionKernel`.
+    :param chain_batching: as for :class:`CollapsedGibbs`.
 
     Extra fields (``MCMC.run(..., extra_fields=...)``): ``log_joint``,
     ``num_clusters``, and per iteration ``num_accepted``, ``num_proposed``
@@ -644,7 +639,7 @@ class SubClusterMCMC(PartitionKernel):
     :param init_strategy: as for :class:`CollapsedGibbs` (default ``"one"``: all points in
         one cluster).
     :param update_hyperparameters: as for :class:`CollapsedGibbs` (DP ``alpha``).
-    :param chain_batching: as for :class:`PartitionKernel`.
+    :param chain_batching: as for :class:`CollapsedGibbs`.
     :param mesh: a ``jax.sharding.Mesh`` whose first axis shards the points
         (``jaxbnp.inference.sharded.make_mesh()``); ``None``: one device.
 
