@@ -92,12 +92,21 @@ class MAPDP:
         clusters in standardised coordinates, then a few Lloyd iterations) or
         ``"one"`` (all points in one cluster: the paper).
     :param init_clusters: clusters of the k-means++ start.
+    :param init_size: with ``init="kmeans++"`` and more than ``init_size`` points,
+        the k-means++ start, the merge and split moves and the restarts run on
+        ``init_size`` points drawn without replacement with ``random_state``;
+        every point then goes to the cluster of that fit with the largest
+        ``log N_k + log p(x | X_k)`` (``mapdp.seed_labels``), and sweeps over
+        all points (no moves) run from there, one restart, in index order. The
+        clusters are found on the subsample, the sweeps settle every point and
+        may still open new clusters. ``None``: everything on all points.
 
     A fit that ends with all ``n > 1`` points in one cluster warns with
     :class:`SingleClusterWarning`, whatever the options.
 
     Fitted attributes: ``labels_``, ``n_clusters_``, ``nll_`` (``−log p(X, Π)``),
-    ``n_iter_``, ``nll_trace_``, ``family_``, ``measure_``, ``cluster_sizes_``.
+    ``n_iter_`` and ``nll_trace_`` (of the run over all points; with a subsample
+    start it starts at the NLL of the seeded partition), ``family_``, ``measure_``, ``cluster_sizes_``.
     """
 
     def __init__(
@@ -116,6 +125,7 @@ class MAPDP:
         merge_moves: bool = True,
         init: str = "kmeans++",
         init_clusters: int = 32,
+        init_size: int | None = 1 << 16,
     ):
         self.alpha = alpha
         self.family = family
@@ -131,6 +141,7 @@ class MAPDP:
         self.merge_moves = merge_moves
         self.init = init
         self.init_clusters = init_clusters
+        self.init_size = init_size
 
     @classmethod
     def paper(cls, alpha: float = 1.0, **kwargs: Any) -> "MAPDP":
@@ -144,7 +155,7 @@ class MAPDP:
         return {k: getattr(self, k) for k in (
             "alpha", "family", "measure", "n_restarts", "mode", "tol", "max_iter",
             "random_state", "capacity", "block_size", "split_moves", "merge_moves", "init",
-            "init_clusters")}
+            "init_clusters", "init_size")}
 
     def set_params(self, **params: Any) -> "MAPDP":
         for k, v in params.items():
@@ -171,6 +182,8 @@ class MAPDP:
         if not isinstance(self.init, str) or self.init not in ("kmeans++", "one"):
             raise ValueError(f"init must be 'kmeans++' or 'one', got {self.init!r}.")
         check_int("init_clusters", self.init_clusters, 1)
+        if self.init_size is not None:
+            check_int("init_size", self.init_size, 2)
         for name in ("split_moves", "merge_moves"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}.")
@@ -194,15 +207,29 @@ class MAPDP:
             capacity = min(int(self.capacity), n)
         else:
             capacity = min(n, max(32, 2 * init_clusters))
-        key = jax.random.key(0 if self.random_state is None else int(self.random_state))
+        seed = 0 if self.random_state is None else int(self.random_state)
+        key = jax.random.key(seed)
+        options = dict(mode=self.mode, n_restarts=int(self.n_restarts), tol=float(self.tol),
+                       max_iter=int(self.max_iter), block_size=int(self.block_size))
+        moves = dict(split_moves=bool(self.split_moves), merge_moves=bool(self.merge_moves))
+        subsample = self.init == "kmeans++" and self.init_size is not None and n > self.init_size
+        if subsample:
+            rows = np.sort(np.random.default_rng(seed).choice(n, int(self.init_size), replace=False))
+            Xsub = Xj[jnp.asarray(rows)]
         while True:
-            best, runs = mapdp_core.fit(
-                key, Xj, measure, family, capacity, mode=self.mode,
-                n_restarts=int(self.n_restarts), tol=float(self.tol),
-                max_iter=int(self.max_iter), block_size=int(self.block_size),
-                split_moves=bool(self.split_moves), merge_moves=bool(self.merge_moves),
-                init_clusters=min(init_clusters, capacity),
-            )
+            if subsample:
+                # the start and the moves on a subsample; every point to its best cluster of
+                # that fit; then sweeps over all points (docstring)
+                start, runs = mapdp_core.fit(key, Xsub, measure, family, capacity, **options,
+                                             **moves, init_clusters=min(init_clusters, capacity))
+                if not bool(jnp.any(runs.clusters.overflow)):
+                    labels0 = mapdp_core.seed_labels(Xj, start.clusters, measure, family,
+                                                     int(self.block_size))
+                    best, runs = mapdp_core.fit(key, Xj, measure, family, capacity,
+                                                **dict(options, n_restarts=1), init_labels=labels0)
+            else:
+                best, runs = mapdp_core.fit(key, Xj, measure, family, capacity, **options, **moves,
+                                            init_clusters=min(init_clusters, capacity))
             if not bool(jnp.any(runs.clusters.overflow)):
                 break
             if capacity >= n:  # pragma: no cover - n slots can always hold n clusters

@@ -201,6 +201,10 @@ def mapdp():
     labels("MAPDP.labels_", est.labels_, (N,))
     floats("MAPDP.nll_", np.asarray(est.nll_, FT))
     labels("MAPDP.predict", est.predict(X), (N,))
+    # more points than init_size: the start and the moves on a subsample, then all points
+    sub = bnp.MAPDP(alpha=1.0, random_state=0, init_size=N // 2).fit(X)
+    labels("MAPDP(init_size).labels_", sub.labels_, (N,))
+    floats("MAPDP(init_size).nll_", np.asarray(sub.nll_, FT))
 
 
 

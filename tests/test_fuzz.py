@@ -335,7 +335,7 @@ BAD_SCALARS = [0, -1, 0.0, -1.5, np.nan, np.inf, -np.inf, True, False, None, "1.
 
 @CHEAP
 @given(name=st.sampled_from(["alpha", "n_restarts", "max_iter", "tol", "block_size", "mode",
-                             "capacity", "random_state", "measure", "family"]),
+                             "capacity", "random_state", "measure", "family", "init_size"]),
        value=st.sampled_from(BAD_SCALARS + ["batched", bnp.NGGP(1.0, 0.5), bnp.DP(1.0)]))
 def test_mapdp_bad_options(name, value):
     """Bad constructor options are rejected by fit before anything compiles."""
@@ -351,6 +351,7 @@ def test_mapdp_bad_options(name, value):
              "tol": isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
              and math.isfinite(value),
              "block_size": valid_int and value >= 1, "capacity": valid_int and value >= 1 or value is None,
+             "init_size": valid_int and value >= 2 or value is None,
              "random_state": valid_int or value is None,
              "mode": False, "measure": value is None, "family": value is None}[name]
     ok, _ = _call("mapdp_options", lambda: est.fit(X), name)

@@ -350,6 +350,34 @@ def test_defaults_find_well_separated_clusters(data):
         assert paper.n_clusters_ < k_true - 2 and paper.nll_ > est.nll_
 
 
+def test_subsample_start_on_more_points_than_init_size():
+    """More points than ``init_size``: the k-means++ start and the moves run on a subsample,
+    every point goes to its best cluster of that fit, sweeps over all points follow. The
+    groups are found, the trace over all points is monotone and exact, the same seed gives the
+    same labels, and ``init_size=None`` (everything on all points) reaches the same partition."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    X, y = _thirty_gaussians()
+    X, y = X[:3000], y[:3000]
+    est = MAPDP(init_size=1000, random_state=1).fit(X)  # about 33 points per group
+    assert normalized_mutual_info_score(y, est.labels_) >= 0.95
+    trace = est.nll_trace_
+    assert len(trace) == est.n_iter_ + 1 and est.n_iter_ >= 1
+    assert np.all(np.diff(trace) <= 1e-9 * np.abs(trace[:-1]))
+    expected = -float(bnp.log_joint(X, jnp.asarray(est.labels_), bnp.DP(1.0), est.family_))
+    np.testing.assert_allclose(est.nll_, expected, rtol=1e-9)
+    again = MAPDP(init_size=1000, random_state=1).fit(X)
+    np.testing.assert_array_equal(again.labels_, est.labels_)
+    full = MAPDP(init_size=None, random_state=1).fit(X)
+    assert adjusted_rand_score(full.labels_, est.labels_) > 0.99
+    # a subsample of about 7 points per group merges groups the sweeps cannot split again
+    # (the sweeps have no moves); they still only lower the NLL
+    tiny = MAPDP(init_size=200, random_state=1).fit(X)
+    assert np.all(np.diff(tiny.nll_trace_) <= 1e-9 * np.abs(tiny.nll_trace_[:-1]))
+    with pytest.raises(ValueError, match="init_size"):
+        MAPDP(init_size=1).fit(X)
+
+
 def test_single_cluster_warns_with_the_defaults():
     """One Gaussian: the k-means++ start is merged back into one cluster, and the fit warns."""
     X = np.random.default_rng(0).normal(size=(300, 3))

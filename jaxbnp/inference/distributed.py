@@ -55,7 +55,7 @@ import numpy as np
 from .._pytree import tree_add
 from .._validation import check_data, check_host_array, check_int
 from .partition.clusters import CapacityError, ClusterState, log_joint_of_sums
-from .partition.mapdp import batched_sweep, predict_log_weights
+from .partition.mapdp import batched_sweep, seed_labels
 from .partition.mapdp import fit as mapdp_fit
 from .partition.subcluster import ChunkedSubClusterResult, fit_subcluster_chunked
 from .sharded import (
@@ -137,10 +137,7 @@ def _chunk_seed(Xc, seed: ClusterState, measure: Measure, family, block_size: in
     MAP-DP weight ``log N_k + log p(x | X_k)`` (``mapdp.predict_log_weights``), ``block_size``
     points at a time, and the chunk's counts and statistics."""
 
-    def best(x):
-        return jnp.argmax(predict_log_weights(x[None], seed, measure, family)[0][0]).astype(jnp.int32)
-
-    labels_c = jax.lax.map(best, Xc, batch_size=block_size)
+    labels_c = seed_labels(Xc, seed, measure, family, block_size)
     chunk_counts, chunk_stats = _chunk_stats(Xc, labels_c, family, seed.counts.shape[0])
     return labels_c, chunk_counts, chunk_stats
 

@@ -110,6 +110,7 @@ __all__ = [
     "block_proposal",
     "block_delta",
     "predict_log_weights",
+    "seed_labels",
     "merge_round",
     "split_round",
     "kmeanspp_labels",
@@ -496,10 +497,12 @@ def merge_round(
 
 def _one_run(
     key, X, measure, family, capacity, order, mode, block_size, tol, max_iter, split_moves,
-    merge_moves=False, init_clusters=1,
+    merge_moves=False, init_clusters=1, init_labels=None,
 ) -> MAPDPResult:
     scale = jnp.where(jnp.std(X, axis=0) > 0, jnp.std(X, axis=0), 1.0)
-    if init_clusters > 1:
+    if init_labels is not None:
+        labels0 = init_labels.astype(jnp.int32)
+    elif init_clusters > 1:
         labels0 = kmeanspp_labels(jax.random.fold_in(key, 0x5EED), (X - jnp.mean(X, axis=0)) / scale,
                                   min(init_clusters, capacity, X.shape[0]))
     else:
@@ -566,7 +569,7 @@ def _one_run(
     # a k-means++ start goes through merge and split rounds before the first sweep: a start
     # that put two groups in one cluster and one group in two is mended at once, instead of
     # after many sweeps that move the shared group's points a few at a time
-    start_moves = moves and init_clusters > 1
+    start_moves = moves and init_clusters > 1 and init_labels is None
     init = (state, nll0, jnp.asarray(jnp.inf, X.dtype), jnp.int32(0),
             jnp.int32(first_move if start_moves else 0), jnp.array(False), trace0,
             jnp.array(False), jnp.array(not start_moves))
@@ -593,6 +596,7 @@ def fit(
     split_moves: bool = False,
     merge_moves: bool = False,
     init_clusters: int = 1,
+    init_labels: jax.Array | None = None,
 ) -> tuple[MAPDPResult, MAPDPResult]:
     """Run MAP-DP ``n_restarts`` times; return ``(best, all_runs)``.
 
@@ -602,6 +606,10 @@ def fit(
     The defaults (one-cluster start, no merge or split moves) are the paper's
     algorithm; ``MAPDP()`` calls this with ``mode="batched"``, ``split_moves``,
     ``merge_moves`` and ``init_clusters=32`` (module docstring).
+
+    ``init_labels``: an ``(n,)`` start in slots ``0 .. capacity - 1`` (e.g.
+    :func:`seed_labels` of a subsample's fit), used instead of the one-cluster
+    or k-means++ start; such a run starts with sweeps.
     """
     n = X.shape[0]
     if shuffle is None:
@@ -612,7 +620,7 @@ def fit(
         orders = orders.at[0].set(jnp.arange(n))
     run = lambda ko: _one_run(  # noqa: E731
         ko[0], X, measure, family, capacity, ko[1], mode, block_size, tol, max_iter, split_moves,
-        merge_moves, init_clusters,
+        merge_moves, init_clusters, init_labels,
     )
     if n_restarts == 1:  # no batching: lax.cond runs one branch (under vmap it runs both)
         runs = jax.tree.map(lambda x: x[None], run((keys[0], orders[0])))
@@ -642,6 +650,19 @@ def predict_log_weights(
     log_prior = jax.vmap(lambda x: family.log_predictive_from_params(x, prior_params)[0])(X_new)
     existing = jnp.where(clusters.counts > 0, log_existing + log_pred, -jnp.inf)
     return existing, log_new + log_prior
+
+
+@functools.partial(jax.jit, static_argnames=("block_size",))
+def seed_labels(X: jax.Array, seed: ClusterState, measure: Measure, family,
+                block_size: int = 4096) -> jax.Array:
+    """Each point in the occupied cluster of ``seed`` (e.g. a subsample's fit) with the largest
+    MAP-DP weight ``log N_k + log p(x | X_k)`` (:func:`predict_log_weights`), ``block_size``
+    points at a time: the start of a fit of all points from a fit of a few."""
+
+    def best(x):
+        return jnp.argmax(predict_log_weights(x[None], seed, measure, family)[0][0]).astype(jnp.int32)
+
+    return lax.map(best, X, batch_size=block_size)
 
 
 PRIOR_GROUPS = 2  # k-means groups behind the default prior's within-cluster variance
