@@ -8,9 +8,10 @@ Each method has its own default run length (:data:`METHOD_DEFAULTS`); the
 options override them. Chains run on separate CPU cores when there are
 several (``chain_method="parallel"`` over host devices, which gives the same
 draws as vectorised chains). The methods whose cost grows fast with ``n``
-(``ddt``: O(n^2) per sweep; ``bhmc``) fit a random subsample of
-``--max-points`` points when the data are larger, say so before they start,
-and label the other points by their nearest fitted point.
+(``ddt``: O(n^2) per sweep) fits a random subsample of ``--max-points``
+points when the data are larger, says so before it starts, and labels the
+other points by their nearest fitted point; ``bhmc`` fits every point unless
+``--max-points`` is given.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ METHOD_DEFAULTS = {
     "subcluster": dict(chains=2, warmup=50, samples=100, capacity=32),
     "mapdp": dict(chains=1, family=None),
     "ddt": dict(chains=4, warmup=40, samples=60, max_points=100),
-    "bhmc": dict(chains=2, warmup=40, samples=60, max_points=500),
+    "bhmc": dict(chains=2, warmup=40, samples=60, max_points=0),
 }
 _GENERIC_DEFAULTS = dict(chains=2, warmup=100, samples=200, capacity=32, split_merge_moves=10,
                          max_points=0, family="normal-wishart")
@@ -711,7 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-points", type=int, default=None,
                    help="ddt and bhmc: fit a random subsample of this many points when the data are "
                    "larger and label the others by their nearest fitted point (default: ddt 100, "
-                   "bhmc 500; 0 = all points)")
+                   "bhmc 0; 0 = all points)")
     c.add_argument("--dtype", choices=["float32", "float64"], default=None,
                    help="floating-point precision (default float32, or float64 when JAX_ENABLE_X64 is set)")
     c.add_argument("--no-compile-cache", action="store_true",

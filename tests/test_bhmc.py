@@ -40,24 +40,24 @@ def simulated_tree_data(seed=4, per_leaf=10):
 
 
 def test_recovers_simulated_tree():
+    """Three fits (keys 0, 1, 2) of 40 points from the BHMC program: the components are
+    found, and the top level on average (path Gibbs, the default). Measured in the suite
+    (float64): top-level NMI 0.80, 0.59, 0.86, leaf purity 0.90, 0.68, 0.95. The nCRP(α = 1)
+    prior splits a true leaf into several (~10 leaves for 40 points a priori), so leaves
+    are nearly pure but fragmented."""
     X, paths, c, dominant = simulated_tree_data()
     assert len(set(dominant)) == 4  # precondition: the leaves differ in their main component
-    # Recovery of the leaves depends on the seed: over keys 0-5 (one chain) the leaf
-    # thresholds below held for 3 of 6 both before and after the Gamma draws moved to
-    # jaxbnp._random (which changed BHMC's random stream); a sampler that finds the
-    # hierarchy reliably is issue #22's. Key 1 passes with the current stream.
-    fit = bhmc.fit_bhmc(jax.random.key(1), X, depth=2, alpha=1.0, gamma0=3.0, gamma=0.3,
-                        Sigma=0.05 * np.eye(2), Sigma0=16.0 * np.eye(2), mu0=np.zeros(2),
-                        num_warmup=100, num_samples=50, num_chains=1, compiler_options=FAST)
-    assert fit.paths.shape == (40, 2) and fit.labels_per_level.shape == (2, 40)
-    assert fit.log_lik.shape == (1, 50) and np.all(np.isfinite(fit.log_lik))
-    assert metrics.ari(c, fit.components) > 0.8
-    leaf = metrics.level_scores(paths, fit.paths, 2)
-    top = metrics.level_scores(paths, fit.paths, 1)
-    # the nCRP(α = 1) prior splits a true leaf into several (~10 leaves for 40 points
-    # a priori); leaves are nearly pure but fragmented, so ARI is moderate
-    assert leaf["purity"] > 0.85 and leaf["ari"] > 0.4, leaf
-    assert top["nmi"] > 0.4, top
+    scores = []
+    for key in range(3):
+        fit = bhmc.fit_bhmc(jax.random.key(key), X, depth=2, alpha=1.0, gamma0=3.0, gamma=0.3,
+                            Sigma=0.05 * np.eye(2), Sigma0=16.0 * np.eye(2), mu0=np.zeros(2),
+                            num_warmup=100, num_samples=50, num_chains=1, compiler_options=FAST)
+        assert fit.paths.shape == (40, 2) and fit.labels_per_level.shape == (2, 40)
+        assert fit.log_lik.shape == (1, 50) and np.all(np.isfinite(fit.log_lik))
+        scores.append((metrics.ari(c, fit.components), metrics.level_scores(paths, fit.paths, 2)["purity"],
+                       metrics.level_scores(paths, fit.paths, 1)["nmi"]))
+    ari_c, leaf_purity, top_nmi = np.mean(scores, axis=0)
+    assert ari_c > 0.8 and leaf_purity > 0.7 and top_nmi > 0.65, scores
     # the fit's outputs agree with each other
     np.testing.assert_array_equal(fit.level_labels(2), fit.labels_per_level[1])
     assert fit.best.log_lik == pytest.approx(np.max(fit.log_lik))

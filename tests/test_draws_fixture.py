@@ -14,7 +14,9 @@ draws ``n`` of them, not ``n × (capacity + 1)``), so every entry whose kernel r
 Gibbs sweep (``gibbs_*``, ``sm_dp``, ``sm_py_two_sweeps``, ``tg_*``, ``dpm_gibbs``) was
 re-made then; the exact-posterior tests check the new sweep. ``mapdp/labels`` was re-made
 when ``MAPDP()``'s k-means++ start began with merge and split rounds (the same partition,
-its clusters numbered in another order). Every other entry is the original.
+its clusters numbered in another order). The ``fit_bhmc/*`` entries were re-made again
+when BHMC's path step became an exact Gibbs draw by default (issue #22; the paper's MH
+step is ``path_update="mh"``). Every other entry is the original.
 
 The draws are computed in a fresh subprocess with the suite's XLA flags and
 float64 (what ``draws.py`` itself sets), so that they do not depend on what the

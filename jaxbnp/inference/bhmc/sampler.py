@@ -17,6 +17,9 @@ points in a random order (paper: ``Shuffled(X)``) and for point ``n``
    (eq. 1), ``f = N(θ_k, Σ)``, ``f* = N(μ0, Σ0 + Σ)``; ``p(V')/p(V)`` is the
    path prior of docs/mathematics.md §6 (by exchangeability it equals the nCRP ratio, so
    the prior and proposal terms cancel and ``A`` is the likelihood ratio);
+   By default (``path_update="gibbs"``) step 2 is instead an exact Gibbs draw of the
+   path (:func:`path_gibbs`): every existing leaf and a new branch under every node,
+   scored at once, the new branch's weights integrated out.
 3. draws ``c_n`` by eq. 2: ``∝ β_zk f(x_n; θ_k)`` for an existing component,
    ``∝ β*_z f*(x_n)`` for a new one; a new component takes a free slot, its
    ``θ`` is drawn from ``N(θ | x_n)`` and every node breaks its rest stick
@@ -116,6 +119,7 @@ __all__ = [
     "labels_at_level",
     "log_acceptance",
     "make_model",
+    "path_gibbs",
     "point_update",
     "state_from_simulation",
     "step",
@@ -135,6 +139,9 @@ class BHMCConfig(NamedTuple):
     eqs. 3–4 after each sweep. update_hyper: MH on ``α, γ0, γ``.
     paper_split: the paper's new-component split (no ``+1``, module docstring).
     hyper_step: random-walk scale on the log of each hyperparameter.
+    path_update: ``"gibbs"`` (default: every existing path and a new branch at
+    every node scored at once, :func:`path_gibbs`) or ``"mh"`` (the paper's
+    Algorithm 2: one nCRP proposal, accepted by its likelihood ratio).
     """
 
     depth: int
@@ -144,6 +151,7 @@ class BHMCConfig(NamedTuple):
     update_hyper: bool = False
     paper_split: bool = False
     hyper_step: float = 0.3
+    path_update: str = "gibbs"
 
 
 class BHMCModel(NamedTuple):
@@ -197,7 +205,8 @@ class BHMCHyper(NamedTuple):
 
 
 class PointInfo(NamedTuple):
-    """What :func:`point_update` did. accepted: ``()`` bool, the path proposal was accepted."""
+    """What :func:`point_update` did. accepted: ``()`` bool, the point's path changed (with
+    ``path_update="mh"``: a proposal was accepted and differs from the current path)."""
 
     accepted: jax.Array
 
@@ -212,8 +221,9 @@ class HyperInfo(NamedTuple):
 class BHMCInfo(NamedTuple):
     """What one :func:`step` did (docs/mathematics.md §6).
 
-    num_accepted: ``()`` int32 path proposals accepted. num_proposed: ``()``
-    int32 path proposals made (one per point, ``N``). hyper_accepted: ``(3,)``
+    num_accepted: ``()`` int32 points whose path changed (a proposal equal to
+    the current path does not count). num_proposed: ``()`` int32 path updates
+    made (one per point, ``N``). hyper_accepted: ``(3,)``
     bool, the MH moves of ``α, γ0, γ`` accepted (all ``False`` when
     ``update_hyper`` is off).
     """
@@ -264,6 +274,83 @@ def log_acceptance(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back):
 
 
 # ------------------------------------------------------------------------------ point update
+def path_gibbs(key, parent, depth, old, count_minus, log_beta, logf, logf_star, alpha, gamma,
+               config: BHMCConfig):
+    """Exact Gibbs draw of one point's path given the others (docs/mathematics.md §6).
+
+    The candidates are every existing leaf and, at every node ``z`` above the leaves (the
+    root included), a new branch below ``z``; all are scored at once over the node slots::
+
+        log nCRP(path | V∖{v_n}) + log p(x_n | β)
+
+    with ``c_n`` summed out, ``p(x | β) = Σ_k β_k f(x; θ_k) + β* f*(x)``. A new branch
+    below ``z`` has prior ``nCRP(z) α / (N_z + α)`` and, since ``E[β_z'] = β_z`` under
+    ``β_z' ~ DP(γ, β_z)`` and ``p(x | β)`` is linear in ``β``, the likelihood of ``β_z``:
+    the new nodes' weights are integrated out. When a new branch is chosen its weights are
+    drawn from their conditional given ``x_n``: an index ``j`` (a component or the rest)
+    ``∝ β_zj f_j(x_n)``, then top down ``β_z' ~ Dir(γβ_parent + e_j)``. Nodes used only
+    by the point (``count_minus = 0``) are not candidates (their weights are part of the
+    block being drawn); their slots are free for the new nodes.
+
+    ``old``: the point's current full path ``(L + 1,)``; ``count_minus``: node counts
+    without the point; ``log_beta``: ``(M, K + 1)``; ``logf``: ``(K,)`` ``log f(x_n; θ_k)``
+    (``−inf`` for inactive slots); ``logf_star``: ``log f*(x_n)``. Returns
+    ``(path, parent, depth, log_beta, overflow)``; on overflow (no free node slot for the
+    new branch) the old path is kept.
+    """
+    L, M, K = config.depth, config.node_capacity, config.component_capacity
+    ftype = log_beta.dtype
+    k_path, k_index, k_dir = jax.random.split(key, 3)
+    nodes = jnp.arange(M)
+    p = jnp.maximum(parent, 0)
+    live = (count_minus > 0) | (nodes == 0)
+    # log nCRP probability of reaching each node: one gather per level
+    step_lp = (jnp.log(jnp.maximum(count_minus, 1).astype(ftype))
+               - jnp.log(count_minus[p].astype(ftype) + alpha))
+    reach = jnp.zeros(M, ftype)
+    for _ in range(L):
+        reach = jnp.where(nodes == 0, 0.0, reach[p] + step_lp)
+    lik = jnp.logaddexp(logsumexp(log_beta[:, :K] + logf, axis=1), log_beta[:, K] + logf_star)
+    is_leaf = depth == L
+    branch = jnp.where(is_leaf, 0.0, jnp.log(alpha) - jnp.log(count_minus.astype(ftype) + alpha))
+    score = jnp.where(live, reach + branch + lik, -jnp.inf)
+    choice = jnp.argmax(score + jax.random.gumbel(k_path, (M,), ftype))
+    d_choice = jnp.where(choice == 0, 0, depth[choice])
+    # ancestors of the choice: anc[l] = its ancestor at depth l (l <= d_choice)
+    up = [choice]
+    for _ in range(L):
+        up.append(p[up[-1]])
+    up = jnp.stack(up)  # up[i]: i levels above the choice
+    levels = jnp.arange(L + 1)
+    anc = up[jnp.clip(d_choice - levels, 0, L)]
+    free = jnp.nonzero((count_minus == 0) & (nodes > 0), size=L, fill_value=M)[0]
+    new_level = levels > d_choice
+    slots = free[jnp.clip(levels - d_choice - 1, 0, L - 1)]
+    overflow = jnp.any(new_level & (slots >= M))
+    path = jnp.where(new_level, jnp.minimum(slots, M - 1), anc).astype(jnp.int32)
+    # the new nodes' weights given x_n: j ∝ β_zj f_j(x_n), then Dir(γβ_parent + e_j) top down
+    base = log_beta[choice]
+    j = jnp.argmax(jnp.concatenate([base[:K] + logf, (base[K] + logf_star)[None]])
+                   + jax.random.gumbel(k_index, (K + 1,), ftype))
+    one_j = jnp.arange(K + 1) == j
+
+    def new_weights(parent_lb, k):
+        log_conc = jnp.log(gamma) + parent_lb
+        drawn = _log_dirichlet(k, jnp.where(one_j, jnp.logaddexp(log_conc, 0.0), log_conc))
+        return drawn, drawn
+
+    _, drawn = lax.scan(new_weights, base, jax.random.split(k_dir, L))  # levels d+1 .. d+L
+    # drawn[i] is the node i + 1 levels below the choice, i.e. at depth d_choice + 1 + i
+    write = new_level[1:] & ~overflow
+    rows = jnp.where(write, path[1:], M)  # M: dropped
+    new_lb = drawn[jnp.clip(levels[1:] - d_choice - 1, 0, L - 1)]
+    parent = parent.at[rows].set(path[:-1], mode="drop")
+    depth = depth.at[rows].set(levels[1:].astype(depth.dtype), mode="drop")
+    log_beta = log_beta.at[rows].set(new_lb, mode="drop")
+    path = jnp.where(overflow, old, path)
+    return path, parent, depth, log_beta, overflow
+
+
 def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConfig) -> tuple[BHMCState, PointInfo]:
     """Steps 1–3 of the module docstring for point ``n``: clean up, MH on the path, Gibbs on ``c_n``.
 
@@ -302,48 +389,54 @@ def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConf
     logf = jnp.where(comp_active, _mvn_logpdf(x[None, :], state.theta, model.chol_sigma), -jnp.inf)
     logf_star = _mvn_logpdf(x[None, :], model.mu0, model.chol_marginal)[0]
 
-    def lik(log_beta_leaf):
-        return jnp.logaddexp(logsumexp(log_beta_leaf[:K] + logf), log_beta_leaf[K] + logf_star)
+    if config.path_update == "gibbs":
+        cur, parent, depth, lb, node_overflow = path_gibbs(
+            k_beta, state.parent, state.depth, old, count_minus, lb, logf, logf_star, alpha, gamma,
+            config)
+    else:  # the paper's MH step
+        def lik(log_beta_leaf):
+            return jnp.logaddexp(logsumexp(log_beta_leaf[:K] + logf), log_beta_leaf[K] + logf_star)
 
-    lik_old = lik(lb[old[L]])
+        lik_old = lik(lb[old[L]])
 
-    # 2. propose v'_n from the nCRP given V∖{v_n}; new nodes take free slots not used by v_n
-    free = jnp.nonzero((count == 0) & (jnp.arange(M) > 0), size=L, fill_value=M)[0]
-    log_cm = jnp.log(jnp.maximum(count_minus, 1).astype(ftype))
+        # 2. propose v'_n from the nCRP given V∖{v_n}; new nodes take free slots not used by v_n
+        free = jnp.nonzero((count == 0) & (jnp.arange(M) > 0), size=L, fill_value=M)[0]
+        log_cm = jnp.log(jnp.maximum(count_minus, 1).astype(ftype))
 
-    def level_step(carry, inputs):
-        node, prev_new, num_new, log_q, over, parent_lb = carry
-        g, k = inputs
-        is_child = (state.parent == node) & (count_minus > 0) & ~prev_new
-        logits = jnp.concatenate([jnp.where(is_child, log_cm, -jnp.inf), jnp.log(alpha)[None]])
-        choice = jnp.argmax(logits + g)
-        norm = jnp.log(jnp.where(prev_new, 0, count_minus[node]).astype(ftype) + alpha)
-        is_new = choice == M
-        slot = free[jnp.minimum(num_new, L - 1)]
-        over = over | (is_new & (slot >= M))
-        child = jnp.where(is_new, jnp.minimum(slot, M - 1), choice).astype(jnp.int32)
-        drawn = _log_dirichlet(k, jnp.log(gamma) + parent_lb)
-        child_lb = jnp.where(is_new, drawn, lb[child])
-        carry = (child, is_new, num_new + is_new.astype(jnp.int32), log_q + logits[choice] - norm, over, child_lb)
-        return carry, (child, is_new, drawn)
+        def level_step(carry, inputs):
+            node, prev_new, num_new, log_q, over, parent_lb = carry
+            g, k = inputs
+            is_child = (state.parent == node) & (count_minus > 0) & ~prev_new
+            logits = jnp.concatenate([jnp.where(is_child, log_cm, -jnp.inf), jnp.log(alpha)[None]])
+            choice = jnp.argmax(logits + g)
+            norm = jnp.log(jnp.where(prev_new, 0, count_minus[node]).astype(ftype) + alpha)
+            is_new = choice == M
+            slot = free[jnp.minimum(num_new, L - 1)]
+            over = over | (is_new & (slot >= M))
+            child = jnp.where(is_new, jnp.minimum(slot, M - 1), choice).astype(jnp.int32)
+            drawn = _log_dirichlet(k, jnp.log(gamma) + parent_lb)
+            child_lb = jnp.where(is_new, drawn, lb[child])
+            carry = (child, is_new, num_new + is_new.astype(jnp.int32), log_q + logits[choice] - norm, over, child_lb)
+            return carry, (child, is_new, drawn)
 
-    init_carry = (jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.zeros((), ftype), jnp.bool_(False), lb[0])
-    (_, _, _, q_fwd, node_overflow, leaf_lb), (children, new_flags, new_lbs) = lax.scan(
-        level_step, init_carry, (gumbel_path, jax.random.split(k_beta, L)))
-    prop = jnp.concatenate([jnp.zeros(1, jnp.int32), children])
-    lik_new = lik(leaf_lb)
-    q_back = _ncrp_log_prob(old, count_minus, alpha)
-    # p(V') / p(V) = nCRP(v'|V∖v_n) / nCRP(v|V∖v_n) (exchangeability; docs/mathematics.md §6 prior)
-    prior_new, prior_old = _ncrp_log_prob(prop, count_minus, alpha), q_back
-    log_a = log_acceptance(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back)
-    accept = (log_u_acc < log_a) & ~node_overflow
+        init_carry = (jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.zeros((), ftype), jnp.bool_(False), lb[0])
+        (_, _, _, q_fwd, node_overflow, leaf_lb), (children, new_flags, new_lbs) = lax.scan(
+            level_step, init_carry, (gumbel_path, jax.random.split(k_beta, L)))
+        prop = jnp.concatenate([jnp.zeros(1, jnp.int32), children])
+        lik_new = lik(leaf_lb)
+        q_back = _ncrp_log_prob(old, count_minus, alpha)
+        # p(V') / p(V) = nCRP(v'|V∖v_n) / nCRP(v|V∖v_n) (exchangeability; docs/mathematics.md §6 prior)
+        prior_new, prior_old = _ncrp_log_prob(prop, count_minus, alpha), q_back
+        log_a = log_acceptance(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back)
+        accept = (log_u_acc < log_a) & ~node_overflow
 
-    write = accept & new_flags
-    rows = jnp.where(write, children, M)  # M: dropped
-    parent = state.parent.at[rows].set(prop[:-1], mode="drop")
-    depth = state.depth.at[rows].set(jnp.arange(1, L + 1, dtype=jnp.int32), mode="drop")
-    lb = lb.at[rows].set(new_lbs, mode="drop")
-    cur = jnp.where(accept, prop, old)
+        write = accept & new_flags
+        rows = jnp.where(write, children, M)  # M: dropped
+        parent = state.parent.at[rows].set(prop[:-1], mode="drop")
+        depth = state.depth.at[rows].set(jnp.arange(1, L + 1, dtype=jnp.int32), mode="drop")
+        lb = lb.at[rows].set(new_lbs, mode="drop")
+        cur = jnp.where(accept, prop, old)
+    changed = jnp.any(cur != old)
     count = count_minus.at[cur].add(1)
     paths = state.paths.at[n].set(cur[1:])
 
@@ -373,6 +466,9 @@ def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConf
             a = jnp.where(root, 1.0, gamma * jnp.exp(lb[p, j]) + extra)
             b = jnp.where(root, gamma0, gamma * jnp.exp(lb[p, K]))
             lu, l1mu = log_beta_pair(jax.random.fold_in(k_split, level), a, b)
+            # a node whose rest mass underflowed to zero (a = b = 0) has nothing to split
+            some = (a > 0) | (b > 0)
+            lu, l1mu = jnp.where(some, lu, -jnp.inf), jnp.where(some, l1mu, 0.0)
             new_j = jnp.where(at, lb[:, K] + lu, lb[:, j])
             new_rest = jnp.where(at, lb[:, K] + l1mu, lb[:, K])
             return lb.at[:, j].set(new_j).at[:, K].set(new_rest)
@@ -388,7 +484,7 @@ def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConf
     state = state._replace(
         paths=paths, parent=parent, depth=depth, count=count, log_beta=lb, node_comp=node_comp, c=c,
         comp_active=comp_active, theta=theta, overflow=state.overflow | node_overflow | comp_overflow)
-    return state, PointInfo(accept)
+    return state, PointInfo(changed)
 
 
 # ------------------------------------------------------------------------------ global updates
@@ -787,6 +883,7 @@ def fit_bhmc(
     update_beta: bool = True,
     update_hyper: bool = False,
     paper_split: bool = False,
+    path_update: str = "gibbs",
     store_samples: bool = True,
     compiler_options: dict | str | None = "auto",
     heartbeat: Any = None,
@@ -831,7 +928,10 @@ def fit_bhmc(
     else:
         M = check_int("node_capacity", node_capacity, depth + 2)
     K = min(n, 64) if component_capacity is None else check_int("component_capacity", component_capacity, 1)
-    config = BHMCConfig(depth, M, K, bool(update_beta), bool(update_hyper), bool(paper_split))
+    if path_update not in ("gibbs", "mh"):
+        raise ValueError(f"path_update must be 'gibbs' or 'mh', got {path_update!r}.")
+    config = BHMCConfig(depth, M, K, bool(update_beta), bool(update_hyper), bool(paper_split),
+                        path_update=path_update)
     ftype = jnp.result_type(float)
     model_args = (jnp.asarray(Xn, ftype), make_model(hyper),
                   BHMCHyper(*(jnp.asarray(v, ftype) for v in (hyper.alpha, hyper.gamma0, hyper.gamma))))

@@ -1,0 +1,98 @@
+"""Benchmark: BHMC sweeps per second per chain, the path Gibbs draw against the paper's path MH.
+
+One chain, ``jax.jit`` of :func:`jaxbnp.inference.bhmc.sampler.step` (XLA's default
+flags), timed over ``--sweeps`` sweeps after one compiled warm-up sweep, at
+
+* n = 180: the simulated two-level data of ``benchmarks/bhmc.py`` (3 x 3 groups, 20 points each);
+* n = 1,300: the CLI's embedded data (``jaxbnp.datasets.load_default()``).
+
+Depth 2, the capacities of ``fit_bhmc``'s defaults. Beside the time: the fraction of points
+whose path changes per sweep (over the timed sweeps) and the complete-data log likelihood at
+the end, from the same start (``init`` with the same key).
+
+Usage::
+
+    python benchmarks/bhmc_speed.py                # both sizes, both path updates
+    python benchmarks/bhmc_speed.py --sweeps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, machine_info, other_cpu_seconds, cpu_seconds, utc_now, write_json, write_lines  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxbnp as bnp  # noqa: E402
+from jaxbnp.inference.bhmc import sampler as S  # noqa: E402
+from jaxbnp.models.nested import NestedHDP  # noqa: E402
+
+from bhmc import tree_data  # noqa: E402
+
+
+def one(X, path_update, sweeps, seed=0):
+    X = np.asarray(X, float)
+    n, d = X.shape
+    var = X.var(0)
+    hyper = NestedHDP(depth=2, alpha=1.0, gamma0=1.0, gamma=1.0, Sigma=np.diag(var) / 20,
+                      Sigma0=np.diag(var), mu0=X.mean(0))
+    model = S.make_model(hyper)
+    config = S.BHMCConfig(2, min(n * 2 + 3, 512), min(n, 64), path_update=path_update)
+    Xj = jnp.asarray(X, jnp.result_type(float))
+    state = jax.jit(lambda k: S.init(k, Xj, hyper, model, config))(jax.random.key(seed))
+    step = jax.jit(lambda k, s: S.step(k, s, Xj, model, config))
+    t = time.perf_counter()
+    state, info = step(jax.random.key(1), state)
+    jax.block_until_ready(state)
+    first = time.perf_counter() - t
+    moved = 0
+    t = time.perf_counter()
+    for i in range(sweeps):
+        state, info = step(jax.random.key(2 + i), state)
+        moved += int(info.num_accepted)
+    jax.block_until_ready(state)
+    dt = time.perf_counter() - t
+    return {"n": n, "path_update": path_update, "sweeps": sweeps, "first_sweep_s": first,
+            "sweeps_per_s": sweeps / dt, "moved_fraction": moved / (sweeps * n),
+            "log_lik": float(state.log_lik), "overflow": bool(state.overflow)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweeps", type=int, default=20)
+    ap.add_argument("--out-name", default="bhmc_speed")
+    args = ap.parse_args()
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    data = {180: tree_data(20)[0], 1300: bnp.datasets.load_default()[0]}
+    rows = [one(X, pu, args.sweeps) for X in data.values() for pu in ("mh", "gibbs")]
+    wall = time.perf_counter() - t0
+    other = other_cpu_seconds(cpu0, cpu_seconds())
+    info = machine_info()
+    cmd = "python benchmarks/bhmc_speed.py" + ("" if args.sweeps == 20 else f" --sweeps {args.sweeps}")
+    lines = ["# BHMC: sweeps per second per chain, path Gibbs vs the paper's path MH", "",
+             f"Command: `{cmd}`. {info['cpu_model']}, {info['cpu_count']} CPUs, {info['jax_backend']}, "
+             f"{info['dtype']}, jaxbnp {info['jaxbnp_git']}. Run {utc_now()}. One chain, `jit(step)`, XLA's "
+             f"default flags, depth 2, {args.sweeps} timed sweeps after one compiled sweep. CPU seconds "
+             f"used by other processes during the run: {other if other is None else round(other)}.", "",
+             "| n | path update | sweeps / s | first sweep incl. compile (s) | points whose path changed per sweep | log lik at the end |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['n']:,} | {r['path_update']} | {r['sweeps_per_s']:.2f} | {r['first_sweep_s']:.1f} "
+                     f"| {r['moved_fraction']:.3f} | {r['log_lik']:.1f} |")
+    lines += ["", f"Wall time of the run: {wall:.0f} s."]
+    write_lines(RESULTS / f"{args.out_name}.md", lines)
+    write_json(RESULTS / f"{args.out_name}.json", {"command": cmd, "machine": info, "rows": rows,
+                                                   "other_cpu_s": other, "wall_s": wall})
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
