@@ -1,4 +1,4 @@
-"""Benchmark: BHMC sweeps per second per chain, the path Gibbs draw against the paper's path MH.
+"""Benchmark: BHMC sweeps per second per chain, the default sampler against the paper's.
 
 One chain, ``jax.jit`` of :func:`jaxbnp.inference.bhmc.sampler.step` (XLA's default
 flags), timed over ``--sweeps`` sweeps after one compiled warm-up sweep, at
@@ -6,7 +6,9 @@ flags), timed over ``--sweeps`` sweeps after one compiled warm-up sweep, at
 * n = 180: the simulated two-level data of ``benchmarks/bhmc.py`` (3 x 3 groups, 20 points each);
 * n = 1,300: the CLI's embedded data (``jaxbnp.datasets.load_default()``).
 
-Depth 2, the capacities of ``fit_bhmc``'s defaults. Beside the time: the fraction of points
+Two samplers: ``paper`` (path MH, the ``β`` update of eqs. 3-4 with point counts: the
+sampler before issue #22) and ``default`` (exact path Gibbs, exact ``β`` updates with table
+counts). Depth 2, the capacities of ``fit_bhmc``'s defaults. Beside the time: the fraction of points
 whose path changes per sweep (over the timed sweeps) and the complete-data log likelihood at
 the end, from the same start (``init`` with the same key).
 
@@ -38,14 +40,17 @@ from jaxbnp.models.nested import NestedHDP  # noqa: E402
 from bhmc import tree_data  # noqa: E402
 
 
-def one(X, path_update, sweeps, seed=0):
+SAMPLERS = {"paper": dict(path_update="mh", beta_rule="paper"), "default": {}}
+
+
+def one(X, sampler, sweeps, seed=0):
     X = np.asarray(X, float)
     n, d = X.shape
     var = X.var(0)
     hyper = NestedHDP(depth=2, alpha=1.0, gamma0=1.0, gamma=1.0, Sigma=np.diag(var) / 20,
                       Sigma0=np.diag(var), mu0=X.mean(0))
     model = S.make_model(hyper)
-    config = S.BHMCConfig(2, min(n * 2 + 3, 512), min(n, 64), path_update=path_update)
+    config = S.BHMCConfig(2, min(n * 2 + 3, 512), min(n, 64), **SAMPLERS[sampler])
     Xj = jnp.asarray(X, jnp.result_type(float))
     state = jax.jit(lambda k: S.init(k, Xj, hyper, model, config))(jax.random.key(seed))
     step = jax.jit(lambda k, s: S.step(k, s, Xj, model, config))
@@ -60,7 +65,7 @@ def one(X, path_update, sweeps, seed=0):
         moved += int(info.num_accepted)
     jax.block_until_ready(state)
     dt = time.perf_counter() - t
-    return {"n": n, "path_update": path_update, "sweeps": sweeps, "first_sweep_s": first,
+    return {"n": n, "sampler": sampler, "sweeps": sweeps, "first_sweep_s": first,
             "sweeps_per_s": sweeps / dt, "moved_fraction": moved / (sweeps * n),
             "log_lik": float(state.log_lik), "overflow": bool(state.overflow)}
 
@@ -72,20 +77,20 @@ def main():
     args = ap.parse_args()
     cpu0, t0 = cpu_seconds(), time.perf_counter()
     data = {180: tree_data(20)[0], 1300: bnp.datasets.load_default()[0]}
-    rows = [one(X, pu, args.sweeps) for X in data.values() for pu in ("mh", "gibbs")]
+    rows = [one(X, pu, args.sweeps) for X in data.values() for pu in SAMPLERS]
     wall = time.perf_counter() - t0
     other = other_cpu_seconds(cpu0, cpu_seconds())
     info = machine_info()
     cmd = "python benchmarks/bhmc_speed.py" + ("" if args.sweeps == 20 else f" --sweeps {args.sweeps}")
-    lines = ["# BHMC: sweeps per second per chain, path Gibbs vs the paper's path MH", "",
+    lines = ["# BHMC: sweeps per second per chain, the default sampler vs the paper's", "",
              f"Command: `{cmd}`. {info['cpu_model']}, {info['cpu_count']} CPUs, {info['jax_backend']}, "
              f"{info['dtype']}, jaxbnp {info['jaxbnp_git']}. Run {utc_now()}. One chain, `jit(step)`, XLA's "
              f"default flags, depth 2, {args.sweeps} timed sweeps after one compiled sweep. CPU seconds "
              f"used by other processes during the run: {other if other is None else round(other)}.", "",
-             "| n | path update | sweeps / s | first sweep incl. compile (s) | points whose path changed per sweep | log lik at the end |",
+             "| n | sampler | sweeps / s | first sweep incl. compile (s) | points whose path changed per sweep | log lik at the end |",
              "|---:|---|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['n']:,} | {r['path_update']} | {r['sweeps_per_s']:.2f} | {r['first_sweep_s']:.1f} "
+        lines.append(f"| {r['n']:,} | {r['sampler']} | {r['sweeps_per_s']:.2f} | {r['first_sweep_s']:.1f} "
                      f"| {r['moved_fraction']:.3f} | {r['log_lik']:.1f} |")
     lines += ["", f"Wall time of the run: {wall:.0f} s."]
     write_lines(RESULTS / f"{args.out_name}.md", lines)

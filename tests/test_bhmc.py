@@ -40,11 +40,13 @@ def simulated_tree_data(seed=4, per_leaf=10):
 
 
 def test_recovers_simulated_tree():
-    """Three fits (keys 0, 1, 2) of 40 points from the BHMC program: the components are
-    found, and the top level on average (path Gibbs, the default). Measured in the suite
-    (float64): top-level NMI 0.80, 0.59, 0.86, leaf purity 0.90, 0.68, 0.95. The nCRP(α = 1)
-    prior splits a true leaf into several (~10 leaves for 40 points a priori), so leaves
-    are nearly pure but fragmented."""
+    """Three fits (keys 0, 1, 2) of 40 points from the BHMC program with the defaults: the
+    components are found and the leaves are nearly pure. The nCRP(α = 1) prior splits a
+    true leaf into several (~10 leaves for 40 points a priori), so leaves are fragmented.
+    The top level is not asserted: in these data the two leaves under one first-level node
+    share no component, so nothing in the data says they belong together (BHMC sees the
+    data only through the component labels; ``benchmarks/bhmc_model.py`` simulates data
+    whose levels are identifiable)."""
     X, paths, c, dominant = simulated_tree_data()
     assert len(set(dominant)) == 4  # precondition: the leaves differ in their main component
     scores = []
@@ -54,10 +56,9 @@ def test_recovers_simulated_tree():
                             num_warmup=100, num_samples=50, num_chains=1, compiler_options=FAST)
         assert fit.paths.shape == (40, 2) and fit.labels_per_level.shape == (2, 40)
         assert fit.log_lik.shape == (1, 50) and np.all(np.isfinite(fit.log_lik))
-        scores.append((metrics.ari(c, fit.components), metrics.level_scores(paths, fit.paths, 2)["purity"],
-                       metrics.level_scores(paths, fit.paths, 1)["nmi"]))
-    ari_c, leaf_purity, top_nmi = np.mean(scores, axis=0)
-    assert ari_c > 0.8 and leaf_purity > 0.7 and top_nmi > 0.65, scores
+        scores.append((metrics.ari(c, fit.components), metrics.level_scores(paths, fit.paths, 2)["purity"]))
+    ari_c, leaf_purity = np.mean(scores, axis=0)
+    assert ari_c > 0.9 and leaf_purity > 0.8, scores
     # the fit's outputs agree with each other
     np.testing.assert_array_equal(fit.level_labels(2), fit.labels_per_level[1])
     assert fit.best.log_lik == pytest.approx(np.max(fit.log_lik))
@@ -168,7 +169,7 @@ def test_kernel_under_numpyro_mcmc_gives_fit_bhmc_draws():
     key = jax.random.key(3)
     ticks = _Ticks()
     fit = bhmc.fit_bhmc(key, X, depth=2, num_warmup=1, num_samples=2, num_chains=2, heartbeat=ticks,
-                        compiler_options=FAST)
+                        compiler_options=FAST, init="prior")
     assert ticks.total == 2 * (1 + 2)  # chain sweeps
     timing = fit.samples["timing"]
     assert timing["num_first_sweeps"] + timing["num_other_sweeps"] == 3 and timing["num_chains"] == 2
@@ -211,3 +212,50 @@ def test_f_measure_and_level_scores():
     assert top["ari"] == 1.0 and top["f_measure"] == 1.0
     deep = metrics.level_scores([[0, -1], [0, -1], [1, 2], [1, 3]], [[5, 6], [5, 6], [9, 1], [9, 2]], 3)
     assert deep["ari"] == 1.0
+
+
+# ------------------------------------------------------------------------ data-driven start
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_ward_start_is_a_nested_tree(depth, monkeypatch):
+    """Ward's tree cut to the depth: nested levels (a node has one parent), node ids level
+    by level from 1, one component per leaf; with more points than WARD_SAMPLE the others
+    join the nearest leaf and the result is still a tree."""
+    rng = np.random.default_rng(0)
+    centres = np.repeat(rng.normal(0, 10, (9, 2)), 20, axis=0)
+    X = centres + rng.normal(size=centres.shape)
+    for sample in (10_000, 50):
+        monkeypatch.setattr(bhmc, "WARD_SAMPLE", sample)
+        paths, c = bhmc.ward_start(X, depth, 9)
+        assert paths.shape == (180, depth) and c.shape == (180,)
+        full = np.concatenate([np.zeros((180, 1), int), paths], axis=1)
+        for level in range(1, depth + 1):
+            parents = {}
+            for node, par in zip(full[:, level], full[:, level - 1]):
+                assert parents.setdefault(node, par) == par  # one parent per node
+        ids = np.unique(paths)
+        np.testing.assert_array_equal(ids, np.arange(1, len(ids) + 1))
+        assert len(np.unique(paths[:, -1])) == len(np.unique(c)) <= 9
+        # the leaves are the deepest cut: each leaf is one component
+        assert all(len(np.unique(c[paths[:, -1] == leaf])) == 1 for leaf in np.unique(paths[:, -1]))
+        if sample == 10_000:
+            assert metrics.ari(np.arange(180) // 20, paths[:, -1]) > 0.9
+
+
+def test_fit_options_and_posterior_summary():
+    X = np.r_[np.random.default_rng(0).normal(-3, 0.3, (10, 2)), np.random.default_rng(1).normal(3, 0.3, (10, 2))]
+    with pytest.raises(ValueError, match="init"):
+        bhmc.fit_bhmc(jax.random.key(0), X, init="kmeans")
+    with pytest.raises(ValueError, match="path_update"):
+        bhmc.fit_bhmc(jax.random.key(0), X, path_update="slice")
+    fit = bhmc.fit_bhmc(jax.random.key(0), X, depth=2, num_samples=10, num_warmup=5, num_chains=2,
+                        compiler_options=FAST)
+    assert fit.summary_labels_per_level.shape == (2, 20)
+    for level in range(2):
+        # the summary is the expected-VI point estimate of that level's node draws, all chains
+        draws = fit.samples["paths"][..., level].reshape(-1, 20)
+        np.testing.assert_array_equal(fit.summary_labels_per_level[level], metrics.point_estimate(draws))
+    # the top level separates the two groups (the leaves of so short a run are fragmented)
+    assert metrics.ari(np.arange(20) // 10, fit.summary_labels_per_level[0]) > 0.8
+    prior = bhmc.fit_bhmc(jax.random.key(0), X, depth=2, num_samples=3, num_warmup=1, init="prior",
+                          store_samples=False, compiler_options=FAST)
+    assert prior.summary_labels_per_level is None

@@ -7,13 +7,15 @@
    ``m_z + 1`` powers of ``α``) do not.
 2. Geweke "getting it right" (N = 4, L = 2, D = 1): chains started from the
    NumPyro program's forward draws that alternate ``x ~ p(x | c, θ)`` and one
-   sweep (path MH, Gibbs on ``c``, eq. 5; the eqs. 3–4 update of ``β`` is off,
-   see ``jaxbnp/inference/bhmc/sampler.py`` on its exactness) stay at the prior.
+   sweep (path Gibbs or path MH, Gibbs on ``c``, eq. 5, and with every update on also the
+   exact ``β`` update, ``update_beta_exact``) stay at the prior.
    Each chain contributes its state after ``NUM_SWEEPS`` sweeps (independent
    draws), compared with forward draws disjoint from the starting states: numbers of occupied first-level nodes, leaves
    and components, whether points 0 and 1 share a leaf (chi-square), the mean
    of ``x``, ``θ_{c_0}`` and ``log β_{v_0L, c_0}`` (KS). Power: the same test
-   rejects a sweep whose path acceptance drops the proposal ratio.
+   rejects a sweep whose path acceptance drops the proposal ratio, a path Gibbs step with
+   the new-branch weight tripled, and the paper's eqs. 3-4 for ``β``.
+3. The path Gibbs draw of one point against the enumerated conditional of a small tree.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ M = nested.default_node_capacity(N, L)
 HYPER = nested.NestedHDP(depth=L, alpha=1.0, gamma0=1.0, gamma=1.0, Sigma=[[0.3]], Sigma0=[[1.0]])
 CONFIG = bhmc.BHMCConfig(L, M, K, update_beta=False)  # path_update="gibbs", the default
 CONFIG_MH = CONFIG._replace(path_update="mh")
+CONFIG_BETA = CONFIG._replace(update_beta=True)  # every update on: beta_rule="exact", the default
 MODEL = bhmc.make_model(HYPER)
 NUM_CHAINS, NUM_FORWARD = 400, 2000
 NUM_SWEEPS = 20
@@ -180,7 +183,7 @@ def geweke_setup():
     return forward, start
 
 
-@pytest.mark.parametrize("config", [CONFIG, CONFIG_MH], ids=["gibbs", "mh"])
+@pytest.mark.parametrize("config", [CONFIG, CONFIG_MH, CONFIG_BETA], ids=["gibbs", "mh", "all-updates"])
 def test_geweke_successive_conditional(geweke_setup, config):
     forward, start = geweke_setup
     chain = make_geweke_run(config)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
@@ -219,6 +222,19 @@ def test_geweke_power_path_gibbs_with_wrong_new_branch_weight(geweke_setup, monk
     pvals = compare(forward, chain)
     print("Geweke p-values, broken path Gibbs:", pvals)
     assert min(pvals.values()) < 1e-6, pvals
+
+
+def test_geweke_power_paper_beta_rule(geweke_setup):
+    """The paper's eqs. 3-4 (point counts instead of table counts, ``beta_rule="paper"``) are
+    not the exact conditionals: with them on, the same Geweke test rejects (measured: the
+    number of components p = 6e-5, the leaf weight of point 0's component p = 7e-6, where
+    the exact rule gives p >= 0.08 on every statistic)."""
+    forward, start = geweke_setup
+    config = CONFIG_BETA._replace(beta_rule="paper")
+    chain = make_geweke_run(config)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
+    pvals = compare(forward, chain)
+    print("Geweke p-values, paper's beta rule:", pvals)
+    assert min(pvals.values()) < 1e-4, pvals
 
 
 # ------------------------------------------------------------------------ 3. path Gibbs

@@ -42,11 +42,12 @@ Deviations and exactness (say so, docs/mathematics.md §0):
   same ``+1`` the paper's root rule ``Beta(1, γ0)`` already has. Pass
   ``paper_split=True`` for the paper's rule.
 * Steps 1–3 and eq. 5 are exact conditionals (checked by the Geweke test in
-  ``tests/exact/test_bhmc_exact.py``). Eqs. 3–4, as in the paper and
-  docs/mathematics.md, are not the exact conditionals of ``β`` once two points share a
-  non-root node (that would need the HDP's table counts; the paper uses point
-  counts); they are kept as the contract and can be switched off
-  (``update_beta=False``), e.g. for the Geweke test.
+  ``tests/exact/test_bhmc_exact.py``). Eqs. 3–4, as in the paper, are not the exact
+  conditionals of ``β`` once two points share a non-root node (they use point counts
+  where the HDP needs table counts); the default ``beta_rule="exact"`` replaces them by
+  :func:`update_beta_exact` (table counts for the leaves' parents, Metropolis-Hastings
+  above), and the Geweke test runs with every update on. ``beta_rule="paper"`` keeps
+  eqs. 3–4.
 * Empty components are removed (folded into the rest mass), which is what
   eq. 3 does anyway (a ``Dir`` parameter ``N_k = 0`` gives ``β_0k = 0``).
 
@@ -116,6 +117,8 @@ __all__ = [
     "complete_log_likelihood",
     "fit_bhmc",
     "init",
+    "init_from",
+    "ward_start",
     "labels_at_level",
     "log_acceptance",
     "make_model",
@@ -124,6 +127,8 @@ __all__ = [
     "state_from_simulation",
     "step",
     "update_beta",
+    "update_beta_exact",
+    "antoniak",
     "update_hyperparameters",
     "update_theta",
 ]
@@ -142,6 +147,10 @@ class BHMCConfig(NamedTuple):
     path_update: ``"gibbs"`` (default: every existing path and a new branch at
     every node scored at once, :func:`path_gibbs`) or ``"mh"`` (the paper's
     Algorithm 2: one nCRP proposal, accepted by its likelihood ratio).
+    beta_rule: ``"exact"`` (default: :func:`update_beta_exact`) or ``"paper"`` (eqs. 3–4
+    with point counts, :func:`update_beta`; not the exact conditionals).
+    beta_mh_steps, beta_mh_scale: the random-walk MH steps of ``"exact"`` on the nodes
+    above the leaves' parents, and their scale in additive log-ratio coordinates.
     """
 
     depth: int
@@ -152,6 +161,9 @@ class BHMCConfig(NamedTuple):
     paper_split: bool = False
     hyper_step: float = 0.3
     path_update: str = "gibbs"
+    beta_rule: str = "exact"
+    beta_mh_steps: int = 20
+    beta_mh_scale: float = 0.3
 
 
 class BHMCModel(NamedTuple):
@@ -517,6 +529,102 @@ def update_beta(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
     return state._replace(log_beta=lb)
 
 
+def antoniak(key, n, a):
+    """Number of tables of ``n`` customers in a CRP(``a``): ``Σ_{i<n} Bernoulli(a / (a + i))``,
+    elementwise (``n`` integer, ``a > 0``); a loop over ``i`` up to ``max(n)``."""
+    ftype = jnp.result_type(a)
+    n = jnp.asarray(n)
+
+    def body(carry):
+        i, m = carry
+        u = jax.random.uniform(jax.random.fold_in(key, i), n.shape, ftype)
+        return i + 1, m + ((i < n) & (u * (a + i.astype(ftype)) < a)).astype(jnp.int32)
+
+    return lax.while_loop(lambda c: c[0] < jnp.max(n), body, (jnp.int32(0), jnp.zeros(n.shape, jnp.int32)))[1]
+
+
+def update_beta_exact(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
+    """Exact updates of every node's weights ``β`` given the tree and the components
+    (docs/mathematics.md §6, "Exact β updates"); returns the state.
+
+    1. Nodes above the leaves' parents, level by level from the root: ``beta_mh_steps``
+       random-walk Metropolis-Hastings steps in additive log-ratio coordinates (all nodes of
+       a level at once: they are independent given their parents and children) on the full
+       conditional ``Dir(β_z; γβ_parent) Π_children Dir(β_c; γβ_z)``; at the root the prior
+       factor is ``Π_k β_k^{-1} β*^{γ0 - 1}`` (the GEM weights of the components in use and
+       the rest).
+    2. Each parent ``z`` of leaves together with its leaves, by Chinese-restaurant-franchise
+       table counts: the leaves' weights integrated out, ``m_ℓk ~ Antoniak(N_ℓk, γβ_zk)``,
+       ``β_z ~ Dir(γβ_parent + Σ_ℓ m_ℓ)`` (the root at depth 1: ``Dir(Σ_ℓ m_ℓ, γ0)``), then
+       the leaves ``β_ℓ ~ Dir(γβ_z + N_ℓ, γβ*_z)``.
+    """
+    K, L, M = config.component_capacity, config.depth, config.node_capacity
+    ftype = state.log_beta.dtype
+    gamma, gamma0 = state.gamma, state.gamma0
+    live = state.count > 0
+    p = jnp.maximum(state.parent, 0)
+    cols = jnp.concatenate([state.comp_active, jnp.ones(1, bool)])  # components in use, the rest
+    floor = jnp.log(jnp.finfo(ftype).tiny)
+    k_mh, k_tables, k_mid, k_leaf = jax.random.split(key, 4)
+    lb = state.log_beta
+
+    def safe(x):  # an underflowed weight counts as the smallest positive one
+        return jnp.where(cols, jnp.maximum(x, floor), 0.0)
+
+    def log_target(rows, lb, level):
+        """Unnormalised log full conditional of each node's weights ``rows`` (M, K + 1)."""
+        x = safe(rows)
+        par = jnp.exp(lb[p])
+        prior = jnp.where(level == 0,
+                          jnp.sum(jnp.where(cols, jnp.where(jnp.arange(K + 1) == K, gamma0 - 1.0, -1.0) * x, 0.0), -1),
+                          jnp.sum(jnp.where(cols, (gamma * par - 1.0) * x, 0.0), -1))
+        child = live & (state.depth == level + 1)
+        sum_log_children = jax.ops.segment_sum(jnp.where(child[:, None], safe(lb), 0.0), p, num_segments=M)
+        num_children = jax.ops.segment_sum(child.astype(ftype), p, num_segments=M)
+        b = gamma * jnp.exp(rows)
+        lg = jnp.sum(jnp.where(cols, lax.lgamma(jnp.where(cols, b, 1.0)), 0.0), -1)
+        children = -num_children * lg + jnp.sum(jnp.where(cols, b * sum_log_children, 0.0), -1)
+        jac = jnp.sum(x, -1)  # d β / d η (additive log-ratio coordinates) = Π_j β_j
+        return prior + children + jac
+
+    for level in range(L - 1):  # nodes above the leaves' parents, from the root down
+        at = live & (state.depth == level)
+
+        def mh(i, lb, level=level, at=at):
+            k_prop, k_u = jax.random.split(jax.random.fold_in(jax.random.fold_in(k_mh, level), i))
+            eta = safe(lb) - safe(lb)[:, K:]
+            eps = jax.random.normal(k_prop, lb.shape, ftype) * config.beta_mh_scale
+            eta_new = jnp.where(cols & (jnp.arange(K + 1) < K), eta + eps, jnp.where(cols, eta, -jnp.inf))
+            prop = eta_new - logsumexp(eta_new, axis=-1, keepdims=True)
+            log_r = log_target(prop, lb, level) - log_target(lb, lb, level)
+            accept = at & (jnp.log(jax.random.uniform(k_u, (M,), ftype)) < log_r)
+            return jnp.where(accept[:, None], prop, lb)
+
+        lb = lax.fori_loop(0, config.beta_mh_steps, mh, lb)
+
+    # the leaves' parents with their leaves: table counts, the parent, the leaves
+    leaf = live & (state.depth == L)
+    n_leaf = jnp.where(leaf[:, None] & state.comp_active[None, :], state.node_comp, 0)
+    a_leaf = gamma * jnp.exp(lb[p, :K])
+    tables = antoniak(k_tables, n_leaf, jnp.where(n_leaf > 0, a_leaf, 1.0))
+    tables = jax.ops.segment_sum(tables, p, num_segments=M).astype(ftype)  # at each parent
+    mid = live & (state.depth == L - 1)
+    log_t = jnp.where(tables > 0, jnp.log(jnp.maximum(tables, 1.0)), -jnp.inf)
+    log_t = jnp.concatenate([log_t, jnp.full((M, 1), -jnp.inf, ftype)], axis=1)
+    par = lb[p]
+    conc_mid = jnp.where(L == 1, jnp.concatenate(
+        [jnp.full((M, K), -jnp.inf, ftype), jnp.full((M, 1), jnp.log(gamma0), ftype)], axis=1),
+        jnp.log(gamma) + par)
+    conc_mid = jnp.where(cols, jnp.logaddexp(conc_mid, log_t), -jnp.inf)
+    lb = jnp.where(mid[:, None], _log_dirichlet(k_mid, conc_mid), lb)
+    counts = jnp.concatenate([n_leaf.astype(ftype), jnp.zeros((M, 1), ftype)], axis=1)
+    log_n = jnp.where(counts > 0, jnp.log(jnp.maximum(counts, 1.0)), -jnp.inf)
+    conc_leaf = jnp.where(cols, jnp.logaddexp(jnp.log(gamma) + lb[p], log_n), -jnp.inf)
+    lb = jnp.where(leaf[:, None], _log_dirichlet(k_leaf, conc_leaf), lb)
+    lb = jnp.where(live[:, None], lb, -jnp.inf)
+    return state._replace(log_beta=lb)
+
+
 def update_theta(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> BHMCState:
     """Eq. 5: ``μ_k | X, c ~ N(Σ̃_k(Σ0⁻¹μ0 + Σ⁻¹ Σ_{c_n=k} x_n), Σ̃_k)``, ``Σ̃_k = (Σ0⁻¹ + N_k Σ⁻¹)⁻¹``.
 
@@ -623,7 +731,7 @@ def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tupl
 
     state, num_accepted = lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.int32)))
     if config.update_beta:
-        state = update_beta(k_beta, state, config)
+        state = (update_beta_exact if config.beta_rule == "exact" else update_beta)(k_beta, state, config)
     state = update_theta(k_theta, state, X, model, config)
     hyper_accepted = jnp.zeros(3, bool)
     if config.update_hyper:
@@ -725,6 +833,69 @@ def state_from_simulation(sim: dict, hyper: NestedHDP, X, model: BHMCModel, conf
     return state._replace(log_lik=complete_log_likelihood(state, X, model, config))
 
 
+WARD_SAMPLE = 2000  # points (at most) Ward's linkage is built on; the others join the nearest centre
+
+
+def ward_start(X: Any, depth: int, num_components: int | None = None, seed: int = 0):
+    """A data-driven start for BHMC: ``(paths, c)`` from Ward's tree (SciPy, on standardised
+    coordinates) cut into ``k_l = round(k^(l/L))`` clusters at level ``l`` (nested cuts), node
+    ids numbered level by level from 1, and ``c`` the clusters of the deepest cut (one
+    component per leaf). ``k = num_components`` (default ``round(sqrt(n / 2))``, at least 2,
+    at most ``n``). With more than ``WARD_SAMPLE`` points the tree is built on that many
+    points drawn with ``seed`` and every other point joins the leaf with the nearest centre.
+    Only the burn-in depends on it: the chain's target is unchanged. Host side (NumPy)."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    X = np.asarray(X, float)
+    n = X.shape[0]
+    k = max(2, int(round(math.sqrt(n / 2)))) if num_components is None else int(num_components)
+    k = max(1, min(k, n))
+    scale = X.std(0)
+    Z = (X - X.mean(0)) / np.where(scale > 0, scale, 1.0)
+    rows = np.arange(n)
+    if n > WARD_SAMPLE:
+        rows = np.sort(np.random.default_rng(seed).choice(n, WARD_SAMPLE, replace=False))
+    tree = linkage(Z[rows], method="ward") if len(rows) > 1 else None
+    cuts = []
+    for level in range(1, depth + 1):
+        k_l = max(1, min(len(rows), int(round(k ** (level / depth)))))
+        cut = (fcluster(tree, k_l, criterion="maxclust") - 1 if tree is not None
+               else np.zeros(len(rows), int))
+        cuts.append(cut)
+    # every point to the deepest-level cluster with the nearest centre (the fitted points too)
+    deep = cuts[-1]
+    centres = np.stack([Z[rows][deep == j].mean(0) for j in np.unique(deep)])
+    leaf_of = np.unique(deep)[np.argmin(((Z[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)]
+    # each deepest cluster's ancestors (the cuts are nested)
+    first = {j: np.flatnonzero(deep == j)[0] for j in np.unique(deep)}
+    paths = np.zeros((n, depth), np.int32)
+    offset = 1
+    for level, cut in enumerate(cuts):
+        label_of_leaf = {j: cut[first[j]] for j in first}
+        labels = np.array([label_of_leaf[j] for j in leaf_of])
+        uniq, compact = np.unique(labels, return_inverse=True)
+        paths[:, level] = offset + compact.reshape(-1)
+        offset += len(uniq)
+    c = np.unique(leaf_of, return_inverse=True)[1].reshape(-1).astype(np.int32)
+    return paths, c
+
+
+def init_from(key, X, paths, c, hyper, model: BHMCModel, config: BHMCConfig) -> BHMCState:
+    """A starting state from given paths ``(N, L)`` (node ids ``1 .. node_capacity − 1``,
+    a tree) and component slots ``c`` (``< component_capacity``): ``β`` by eqs. 3–4 and
+    ``θ`` by eq. 5 (e.g. :func:`ward_start`'s; only the burn-in depends on it)."""
+    k_beta, k_theta = jax.random.split(key)
+    K = config.component_capacity
+    ftype = jnp.result_type(float)
+    log_beta = jnp.full((config.node_capacity, K + 1), -jnp.inf, ftype)
+    theta = jnp.zeros((K, X.shape[1]), ftype)
+    state = _assemble(jnp.asarray(paths, jnp.int32), jnp.asarray(c, jnp.int32), theta, log_beta,
+                      hyper.alpha, hyper.gamma0, hyper.gamma, X, model, config)
+    state = update_beta(k_beta, state, config)
+    state = update_theta(k_theta, state, X, model, config)
+    return state._replace(log_lik=complete_log_likelihood(state, X, model, config))
+
+
 # ------------------------------------------------------------------------------ NumPyro kernel
 class BHMCKernelState(NamedTuple):
     """State of :class:`BHMCKernel` (one chain, or chains on the leading axis).
@@ -762,7 +933,10 @@ class BHMCKernel(MCMCKernel):
     By default ``key`` is the ``rng_key`` passed to :meth:`init` and ``chain``
     is ``0``; ``init_params={"rng_key": key, "chain": c}`` (a leading chain axis
     on both when chains are batched) sets them, so that chains ``0..C−1`` with
-    the same ``key`` are the chains of :func:`fit_bhmc`. A batch of keys (what
+    the same ``key`` are the chains of :func:`fit_bhmc`. ``init_params["start"] = (paths, c)``
+    (a leading chain axis on both when chains are batched) starts the chains from those
+    paths and components (:func:`init_from`; e.g.
+    :func:`ward_start`) instead of a draw from the prior (:func:`init`). A batch of keys (what
     ``MCMC(..., chain_method="vectorized")`` and
     :func:`jaxbnp.inference.runner.run` pass) initialises the chains under
     ``jax.vmap`` and steps them one after another (``lax.map``: under ``vmap``
@@ -787,16 +961,21 @@ class BHMCKernel(MCMCKernel):
         batched = not is_prng_key(rng_key)
         run_key = params.get("rng_key", rng_key)
         chain = params.get("chain", jnp.zeros(jnp.shape(rng_key)[:1] if batched else (), jnp.int32))
+        start = params.get("start")
         config = self.config
 
-        def init_one(key, chain):
+        def init_one(key, chain, start):
             k_init, k_run = jax.random.split(key)
-            state = init(jax.random.fold_in(k_init, chain), X, hyper, model, config)
+            k = jax.random.fold_in(k_init, chain)
+            if start is None:
+                state = init(k, X, hyper, model, config)
+            else:
+                state = init_from(k, X, start[0], start[1], hyper, model, config)
             best = state._replace(log_lik=jnp.asarray(-jnp.inf, state.log_lik.dtype))
             return BHMCKernelState(state, _no_moves(X.shape[0]), best, k_run, jnp.asarray(chain, jnp.int32),
                                    jnp.zeros((), jnp.int32), jnp.asarray(num_warmup, jnp.int32))
 
-        return jax.vmap(init_one)(run_key, chain) if batched else init_one(run_key, chain)
+        return jax.vmap(init_one)(run_key, chain, start) if batched else init_one(run_key, chain, start)
 
     def sample(self, state, model_args, model_kwargs):
         X, model, _ = model_args
@@ -847,7 +1026,12 @@ class BHMCFit(NamedTuple):
     compact labels per depth. components: ``(N,)`` compact component labels.
     log_lik: ``(num_chains, num_samples)`` trace. best: the best
     :class:`BHMCState`. samples: ``{"paths": (C, S, N, L), "c": (C, S, N),
-    "num_leaves", "num_components", "accept_rate": (C, S), "timing": {...}}``.
+    "num_leaves", "num_components", "accept_rate": (C, S), "timing": {...}}``
+    (``accept_rate``: the fraction of points whose path changed in the sweep).
+    summary_labels_per_level: ``(L, N)`` the posterior summary of every level: the
+    partition minimising the expected variation of information over all chains' draws of
+    that level's nodes (:func:`jaxbnp.metrics.point_estimate`); ``None`` with
+    ``store_samples=False``.
     """
 
     paths: np.ndarray
@@ -858,6 +1042,7 @@ class BHMCFit(NamedTuple):
     best: BHMCState
     samples: dict
     hyper: NestedHDP
+    summary_labels_per_level: np.ndarray | None = None
 
     def level_labels(self, level: int) -> np.ndarray:
         """Compact labels of the best sample's nodes at depth ``level`` (``1..L``)."""
@@ -884,11 +1069,20 @@ def fit_bhmc(
     update_hyper: bool = False,
     paper_split: bool = False,
     path_update: str = "gibbs",
+    beta_rule: str = "exact",
+    init: str = "ward",
     store_samples: bool = True,
     compiler_options: dict | str | None = "auto",
     heartbeat: Any = None,
 ) -> BHMCFit:
     """Fit BHMC to ``X`` with ``num_chains`` chains of Algorithm 2 (docs/mathematics.md §6).
+
+    ``init="ward"`` (default) starts every chain from Ward's tree cut to the depth
+    (:func:`ward_start`, ``k = round(sqrt(N / 2))`` components, one per leaf); ``"prior"``
+    from a draw of the prior (:func:`init`). ``path_update``: ``"gibbs"`` (default,
+    :func:`path_gibbs`) or ``"mh"`` (the paper's). ``beta_rule``: ``"exact"`` (default,
+    :func:`update_beta_exact`) or ``"paper"`` (eqs. 3–4, :func:`update_beta`, not exact).
+    Only the burn-in depends on the start; with the defaults every update is exact.
 
     Defaults from the data: ``mu0`` the mean of ``X``, ``Sigma0`` the diagonal
     of its variances, ``Sigma = Sigma0 / 20``. ``node_capacity`` defaults to
@@ -930,8 +1124,12 @@ def fit_bhmc(
     K = min(n, 64) if component_capacity is None else check_int("component_capacity", component_capacity, 1)
     if path_update not in ("gibbs", "mh"):
         raise ValueError(f"path_update must be 'gibbs' or 'mh', got {path_update!r}.")
+    if beta_rule not in ("exact", "paper"):
+        raise ValueError(f"beta_rule must be 'exact' or 'paper', got {beta_rule!r}.")
+    if init not in ("ward", "prior"):
+        raise ValueError(f"init must be 'ward' or 'prior', got {init!r}.")
     config = BHMCConfig(depth, M, K, bool(update_beta), bool(update_hyper), bool(paper_split),
-                        path_update=path_update)
+                        path_update=path_update, beta_rule=beta_rule)
     ftype = jnp.result_type(float)
     model_args = (jnp.asarray(Xn, ftype), make_model(hyper),
                   BHMCHyper(*(jnp.asarray(v, ftype) for v in (hyper.alpha, hyper.gamma0, hyper.gamma))))
@@ -944,6 +1142,15 @@ def fit_bhmc(
                        "chain": jnp.arange(num_chains, dtype=jnp.int32)}
     else:
         init_params = {"rng_key": key, "chain": jnp.zeros((), jnp.int32)}
+    if init == "ward":  # Ward's tree cut to the depth; fits the capacities
+        k = min(K, max(2, int(round(math.sqrt(n / 2)))))
+        while k > 1 and 1 + sum(round(k ** (lv / depth)) for lv in range(1, depth + 1)) > M:
+            k -= 1
+        paths0, c0 = ward_start(Xn, depth, k)
+        start = (jnp.asarray(paths0), jnp.asarray(c0))
+        if num_chains > 1:
+            start = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_chains,) + a.shape), start)
+        init_params["start"] = start
     clock = _SweepClock(heartbeat, num_chains)
     t_start = time.perf_counter()
     try:
@@ -972,7 +1179,13 @@ def fit_bhmc(
     samples["timing"] = {"first_sweep_s": clock.times[0] - t_start, "num_first_sweeps": first,
                          "other_sweeps_s": clock.times[-1] - clock.times[0],
                          "num_other_sweeps": num_warmup + num_samples - first, "num_chains": num_chains}
-    return BHMCFit(paths, tree, labels, comps, log_lik, best, samples, hyper)
+    summary = None
+    if store_samples:
+        from ...metrics import point_estimate
+
+        draws = np.asarray(samples["paths"])
+        summary = np.stack([point_estimate(draws[..., lv].reshape(-1, n)) for lv in range(depth)])
+    return BHMCFit(paths, tree, labels, comps, log_lik, best, samples, hyper, summary)
 
 
 def _collect_summary(ks: BHMCKernelState) -> dict:

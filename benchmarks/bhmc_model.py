@@ -1,0 +1,204 @@
+"""Benchmark: BHMC on data simulated from the BHMC program itself, with a known tree.
+
+The NumPyro program ``jaxbnp.models.nested.nested_hdp_model`` is conditioned on a fixed
+balanced tree (``--branching`` children per node, ``--per-leaf`` points per leaf) and on
+weights ``β`` that make every level identifiable (``identifiable_weights``: one component
+per leaf, 0.7 of a leaf's weight on it and the rest on its siblings' components, so that
+siblings share components and cousins do not; an unconditioned draw with one ``γ`` for
+every level gives sibling leaves the same dominant component, and then the levels cannot be
+told apart from the data), and run forward: the components, the means and the points. Depth 2 and 3. For each, ``fit_bhmc`` runs
+
+* ``gibbs+ward``: the defaults (exact path Gibbs, exact ``β`` updates, Ward start);
+* ``mh+prior``: the paper's path MH and eqs. 3-4 from a draw of the prior (the sampler
+  before issue #22),
+
+with the true hyperparameters and covariances, ``--chains`` chains of ``--warmup`` +
+``--samples`` sweeps. Reported per level: NMI and ARI against the true nodes of the
+posterior summary (``summary_labels_per_level``: the partition minimising the expected
+variation of information over the draws) and of the best draw, the number of clusters, and
+the true state's complete-data log likelihood beside the chains' best and last.
+
+Usage::
+
+    python benchmarks/bhmc_model.py                 # a few minutes on 2 CPU cores
+    python benchmarks/bhmc_model.py --samples 100 --warmup 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, cpu_seconds, machine_info, other_cpu_seconds, utc_now, write_json, write_lines  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from numpyro import handlers  # noqa: E402
+
+from jaxbnp import metrics  # noqa: E402
+from jaxbnp.inference.bhmc import sampler as S  # noqa: E402
+from jaxbnp.models import nested  # noqa: E402
+
+
+def tree_paths(depth, branching, per_leaf):
+    rows, next_id, ids = [], 1, {}
+    for leaf in itertools.product(range(branching), repeat=depth):
+        row = []
+        for level in range(1, depth + 1):
+            prefix = leaf[:level]
+            if prefix not in ids:
+                ids[prefix] = next_id
+                next_id += 1
+            row.append(ids[prefix])
+        rows += [row] * per_leaf
+    return np.asarray(rows, np.int32)
+
+
+def identifiable_weights(paths, K, cap, own=0.7, floor=1e-9):
+    """Conditioned weights that make every level identifiable: component ``j`` belongs to
+    leaf ``j``; a leaf puts ``own`` on its component and the rest evenly on its siblings'
+    (so that siblings share components and cousins do not), an internal node weights its
+    descendant leaves' components evenly, the root all of them; everything else ``floor``.
+    Returns the program's latent values: root ``sticks`` and ``beta_gamma_<level>``."""
+    depth = paths.shape[1]
+    leaves = np.unique(paths[:, -1])
+    comp_of_leaf = {leaf: j for j, leaf in enumerate(leaves)}
+    parent = {int(paths[i, l]): (int(paths[i, l - 1]) if l > 0 else 0)
+              for i in range(len(paths)) for l in range(depth)}
+    below = {}  # node -> components of its descendant leaves
+    for leaf in leaves:
+        node = int(leaf)
+        while True:
+            below.setdefault(node, set()).add(comp_of_leaf[leaf])
+            if node == 0:
+                break
+            node = parent[node]
+    J = len(leaves)
+    root = np.full(K, floor)
+    root[:J] = (1.0 - K * floor) / J
+    rest_before = 1.0 - np.concatenate([[0.0], np.cumsum(root)[:-1]])
+    sticks = np.clip(root / rest_before, 1e-12, 1 - 1e-12)
+    values = {"sticks": sticks}
+    for level in range(1, depth + 1):
+        g = np.ones((cap, K + 1))
+        for node in np.unique(paths[:, level - 1]):
+            w = np.full(K + 1, floor)
+            comps = sorted(below[int(node)])
+            if level == depth:
+                own_j = comp_of_leaf[node]
+                sibs = sorted(below[parent[int(node)]] - {own_j})
+                w[own_j] = own
+                if sibs:
+                    w[sibs] = (1.0 - own) / len(sibs)
+                else:
+                    w[own_j] = 1.0
+            else:
+                w[comps] = 1.0 / len(comps)
+            g[int(node)] = w
+        values[f"beta_gamma_{level}"] = g
+    return values
+
+
+def simulate(depth, branching, per_leaf, gamma, seed, gamma0=3.0):
+    """Points from ``nested_hdp_model`` conditioned on a balanced tree and on weights that
+    make every level identifiable (:func:`identifiable_weights`); the components, means and
+    points are drawn by the program."""
+    paths = tree_paths(depth, branching, per_leaf)
+    hyper = nested.NestedHDP(depth=depth, alpha=1.0, gamma0=gamma0, gamma=gamma, Sigma=0.05 * np.eye(2),
+                             Sigma0=25.0 * np.eye(2), mu0=np.zeros(2))
+    cap = int(paths.max()) + 1
+    K = 32
+    data = {"paths": paths, **identifiable_weights(paths, K, cap)}
+    model = handlers.condition(nested.nested_hdp_model, {k: jnp.asarray(v) for k, v in data.items()})
+    tr = handlers.trace(handlers.seed(model, jax.random.key(seed))).get_trace(
+        hyper=hyper, num_points=len(paths), component_capacity=K, node_capacity=cap)
+    sim = {k: np.asarray(tr[k]["value"]) for k in ("paths", "c", "theta", "log_beta", "x")}
+    return sim, hyper, cap
+
+
+def true_log_lik(sim, hyper, fit_config_depth):
+    X = jnp.asarray(sim["x"], jnp.result_type(float))
+    cap = sim["log_beta"].shape[0]
+    config = S.BHMCConfig(fit_config_depth, cap, 32)
+    model = S.make_model(hyper)
+    state = S.state_from_simulation({k: jnp.asarray(v) for k, v in sim.items()}, hyper, X, model, config)
+    return float(state.log_lik)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--depths", type=int, nargs="+", default=[2, 3])
+    ap.add_argument("--branching", type=int, default=3)
+    ap.add_argument("--per-leaf", type=int, default=20)
+    ap.add_argument("--gamma", type=float, default=1.0)
+    ap.add_argument("--gamma0", type=float, default=3.0)
+    ap.add_argument("--samplers", nargs="+", default=["gibbs+ward", "mh+prior"])
+    ap.add_argument("--chains", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out-name", default="bhmc_model")
+    args = ap.parse_args()
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    rows = []
+    for depth in args.depths:
+        sim, hyper, _ = simulate(depth, args.branching, args.per_leaf, args.gamma, args.seed,
+                                   args.gamma0)
+        X, truth = sim["x"], sim["paths"]
+        ll_true = true_log_lik(sim, hyper, depth)
+        samplers = {"gibbs+ward": {}, "mh+prior": dict(path_update="mh", init="prior", beta_rule="paper")}
+        for name in args.samplers:
+            opts = samplers[name]
+            t = time.perf_counter()
+            fit = S.fit_bhmc(jax.random.key(args.seed), X, depth=depth, alpha=hyper.alpha,
+                             gamma0=hyper.gamma0, gamma=hyper.gamma, Sigma=hyper.Sigma,
+                             Sigma0=hyper.Sigma0, mu0=hyper.mu0, num_warmup=args.warmup,
+                             num_samples=args.samples, num_chains=args.chains, **opts)
+            wall = time.perf_counter() - t
+            for level in range(1, depth + 1):
+                summ = fit.summary_labels_per_level[level - 1]
+                best = fit.labels_per_level[level - 1]
+                rows.append({
+                    "depth": depth, "n": len(X), "sampler": name, "level": level,
+                    "true_k": len(np.unique(truth[:, level - 1])),
+                    "summary_k": len(np.unique(summ)), "summary_nmi": metrics.nmi(truth[:, level - 1], summ),
+                    "summary_ari": metrics.ari(truth[:, level - 1], summ),
+                    "best_k": len(np.unique(best)), "best_nmi": metrics.nmi(truth[:, level - 1], best),
+                    "log_lik_true": ll_true, "log_lik_best": float(np.max(fit.log_lik)),
+                    "log_lik_last": [float(v) for v in fit.log_lik[:, -1]], "wall_s": wall,
+                    "path_change_rate": float(np.mean(fit.samples["accept_rate"]))})
+            print(rows[-1], flush=True)
+    wall = time.perf_counter() - t0
+    other = other_cpu_seconds(cpu0, cpu_seconds())
+    info = machine_info()
+    cmd = "python " + " ".join(["benchmarks/bhmc_model.py"] + sys.argv[1:])
+    lines = ["# BHMC on data simulated from the BHMC program (known tree)", "",
+             f"Command: `{cmd}`. {info['cpu_model']}, {info['cpu_count']} CPUs, {info['jax_backend']}, "
+             f"{info['dtype']}. Run {utc_now()}. Balanced tree, {args.branching} children per node, "
+             f"{args.per_leaf} points per leaf, γ = {args.gamma}, γ0 = {args.gamma0}, α = 1, Σ = 0.05 I, Σ0 = 25 I "
+             f"(the fits use the true values). {args.chains} chains x ({args.warmup} warm-up + "
+             f"{args.samples}) sweeps. Summary: the partition of each level's nodes minimising the "
+             f"expected VI over all draws. CPU seconds used by other processes: "
+             f"{other if other is None else round(other)}; wall {wall:.0f} s.", "",
+             "| depth | n | sampler | level | true k | summary k | summary NMI | summary ARI | best-draw k | best-draw NMI | log lik: true / best / last | path changes per sweep | wall s |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for r in rows:
+        last = ", ".join(f"{v:.0f}" for v in r["log_lik_last"])
+        lines.append(f"| {r['depth']} | {r['n']} | {r['sampler']} | {r['level']} | {r['true_k']} | {r['summary_k']} "
+                     f"| {r['summary_nmi']:.3f} | {r['summary_ari']:.3f} | {r['best_k']} | {r['best_nmi']:.3f} "
+                     f"| {r['log_lik_true']:.0f} / {r['log_lik_best']:.0f} / {last} | {r['path_change_rate']:.3f} "
+                     f"| {r['wall_s']:.0f} |")
+    write_lines(RESULTS / f"{args.out_name}.md", lines)
+    write_json(RESULTS / f"{args.out_name}.json", {"command": cmd, "machine": info, "rows": rows,
+                                                   "other_cpu_s": other, "wall_s": wall})
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
