@@ -143,6 +143,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--node-capacity", type=int, default=1024)
+    ap.add_argument("--component-capacity", type=int, default=128)
     ap.add_argument("--out-name", default="bhmc_model")
     args = ap.parse_args()
     cpu0, t0 = cpu_seconds(), time.perf_counter()
@@ -159,7 +161,9 @@ def main():
             fit = S.fit_bhmc(jax.random.key(args.seed), X, depth=depth, alpha=hyper.alpha,
                              gamma0=hyper.gamma0, gamma=hyper.gamma, Sigma=hyper.Sigma,
                              Sigma0=hyper.Sigma0, mu0=hyper.mu0, num_warmup=args.warmup,
-                             num_samples=args.samples, num_chains=args.chains, **opts)
+                             num_samples=args.samples, num_chains=args.chains,
+                             node_capacity=args.node_capacity,
+                             component_capacity=args.component_capacity, **opts)
             wall = time.perf_counter() - t
             for level in range(1, depth + 1):
                 summ = fit.summary_labels_per_level[level - 1]
@@ -183,7 +187,8 @@ def main():
              f"{info['dtype']}. Run {utc_now()}. Balanced tree, {args.branching} children per node, "
              f"{args.per_leaf} points per leaf, γ = {args.gamma}, γ0 = {args.gamma0}, α = 1, Σ = 0.05 I, Σ0 = 25 I "
              f"(the fits use the true values). {args.chains} chains x ({args.warmup} warm-up + "
-             f"{args.samples}) sweeps. Summary: the partition of each level's nodes minimising the "
+             f"{args.samples}) sweeps, node capacity {args.node_capacity}, component capacity "
+             f"{args.component_capacity}. Summary: the partition of each level's nodes minimising the "
              f"expected VI over all draws. CPU seconds used by other processes: "
              f"{other if other is None else round(other)}; wall {wall:.0f} s.", "",
              "| depth | n | sampler | level | true k | summary k | summary NMI | summary ARI | best-draw k | best-draw NMI | log lik: true / best / last | path changes per sweep | wall s |",
