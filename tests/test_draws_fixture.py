@@ -16,7 +16,9 @@ re-made then; the exact-posterior tests check the new sweep. ``mapdp/labels`` wa
 when ``MAPDP()``'s k-means++ start began with merge and split rounds (the same partition,
 its clusters numbered in another order). The ``fit_bhmc/*`` entries were re-made again
 when BHMC's path step became an exact Gibbs draw by default (issue #22; the paper's MH
-step is ``path_update="mh"``). Every other entry is the original.
+step is ``path_update="mh"``), and again when every BHMC sweep gained the subtree moves
+(``regraft=True``) and ``fit_bhmc``'s node capacity began at 64 slots and grew. Every other
+entry is the original.
 
 The draws are computed in a fresh subprocess with the suite's XLA flags and
 float64 (what ``draws.py`` itself sets), so that they do not depend on what the

@@ -8,14 +8,18 @@
 2. Geweke "getting it right" (N = 4, L = 2, D = 1): chains started from the
    NumPyro program's forward draws that alternate ``x ~ p(x | c, θ)`` and one
    sweep (path Gibbs or path MH, Gibbs on ``c``, eq. 5, and with every update on also the
-   exact ``β`` update, ``update_beta_exact``) stay at the prior.
+   subtree moves, ``regraft``, and the exact ``β`` update, ``update_beta_exact``) stay at the
+   prior.
    Each chain contributes its state after ``NUM_SWEEPS`` sweeps (independent
    draws), compared with forward draws disjoint from the starting states: numbers of occupied first-level nodes, leaves
    and components, whether points 0 and 1 share a leaf (chi-square), the mean
    of ``x``, ``θ_{c_0}`` and ``log β_{v_0L, c_0}`` (KS). Power: the same test
    rejects a sweep whose path acceptance drops the proposal ratio, a path Gibbs step with
-   the new-branch weight tripled, and the paper's eqs. 3-4 for ``β``.
+   the new-branch weight tripled, subtree moves with the new-branch weight tripled, and the
+   paper's eqs. 3-4 for ``β``.
 3. The path Gibbs draw of one point against the enumerated conditional of a small tree.
+4. The subtree moves' weights against the joint rebuilt from the paths for every place of
+   a node in small trees, and the node tables after many moves against the paths.
 """
 
 from __future__ import annotations
@@ -102,9 +106,10 @@ def test_path_prior_sums_to_one_over_all_configurations(alpha):
 N, L, D, K = 4, 2, 1, 16
 M = nested.default_node_capacity(N, L)
 HYPER = nested.NestedHDP(depth=L, alpha=1.0, gamma0=1.0, gamma=1.0, Sigma=[[0.3]], Sigma0=[[1.0]])
-CONFIG = bhmc.BHMCConfig(L, M, K, update_beta=False)  # path_update="gibbs", the default
+CONFIG = bhmc.BHMCConfig(L, M, K, update_beta=False, regraft=False)  # path_update="gibbs", the default
 CONFIG_MH = CONFIG._replace(path_update="mh")
-CONFIG_BETA = CONFIG._replace(update_beta=True)  # every update on: beta_rule="exact", the default
+CONFIG_BETA = CONFIG._replace(update_beta=True)  # beta_rule="exact", the default
+CONFIG_ALL = CONFIG_BETA._replace(regraft=True)  # every update on: the defaults
 MODEL = bhmc.make_model(HYPER)
 NUM_CHAINS, NUM_FORWARD = 400, 2000
 NUM_SWEEPS = 20
@@ -183,7 +188,7 @@ def geweke_setup():
     return forward, start
 
 
-@pytest.mark.parametrize("config", [CONFIG, CONFIG_MH, CONFIG_BETA], ids=["gibbs", "mh", "all-updates"])
+@pytest.mark.parametrize("config", [CONFIG, CONFIG_MH, CONFIG_ALL], ids=["gibbs", "mh", "all-updates"])
 def test_geweke_successive_conditional(geweke_setup, config):
     forward, start = geweke_setup
     chain = make_geweke_run(config)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
@@ -222,6 +227,22 @@ def test_geweke_power_path_gibbs_with_wrong_new_branch_weight(geweke_setup, monk
     pvals = compare(forward, chain)
     print("Geweke p-values, broken path Gibbs:", pvals)
     assert min(pvals.values()) < 1e-6, pvals
+
+
+def test_geweke_power_regraft_with_wrong_new_branch_weight(geweke_setup, monkeypatch):
+    """Power of the Geweke test for the subtree moves (on in the all-updates run above): a
+    move whose new branches are weighted with 3α instead of α is rejected."""
+    forward, start = geweke_setup
+    exact = bhmc.regraft_log_weights
+
+    def broken(z, state, rows, config):
+        return exact(z, state._replace(alpha=3.0 * state.alpha), rows, config)
+
+    monkeypatch.setattr(bhmc, "regraft_log_weights", broken)
+    chain = make_geweke_run(CONFIG_ALL)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
+    pvals = compare(forward, chain)
+    print("Geweke p-values, broken subtree move:", pvals)
+    assert min(pvals.values()) < 1e-4, pvals  # measured: 8e-6 (the number of first-level nodes)
 
 
 def test_geweke_power_paper_beta_rule(geweke_setup):
@@ -319,3 +340,127 @@ def test_path_gibbs_matches_enumeration():
     se = np.exp(leaf_rows).std(0) / np.sqrt(len(leaf_rows))
     print("new leaf weights: expected", expect.round(3), "sampled", got.round(3))
     np.testing.assert_allclose(got, expect, atol=5 * se.max() + 1e-3)
+
+
+# ------------------------------------------------------------------------ 4. subtree moves
+def _tree_state(paths, c, depth, seed=3, K=6, M=24):
+    hyper = nested.NestedHDP(depth=depth, alpha=0.8, gamma0=1.5, gamma=1.2, Sigma=[[0.3]], Sigma0=[[1.0]])
+    model = bhmc.make_model(hyper)
+    config = bhmc.BHMCConfig(depth, M, K)
+    n = len(paths)
+    X = jnp.asarray(np.linspace(-2.0, 2.0, n)[:, None])
+    theta = jnp.zeros((K, 1))
+    log_beta = jnp.full((M, K + 1), -jnp.inf)
+    state = bhmc._assemble(jnp.asarray(paths, jnp.int32), jnp.asarray(c, jnp.int32), theta, log_beta,
+                           hyper.alpha, hyper.gamma0, hyper.gamma, X, model, config)
+    state = bhmc.update_beta(jax.random.key(seed), state, config)
+    return state, config, hyper
+
+
+def _brute_regraft_log_weights(state, z, rows, hyper, config):
+    """Every place of ``z``'s subtree by rebuilding the paths: log p(V') by the path prior of
+    docs/mathematics.md §6 (not the sampler's block formula) plus the subtree's factor given
+    the parent's weights (a leaf: Dirichlet-multinomial of its component counts; an internal
+    node: the Dirichlet density of its weights), both in float64 NumPy/SciPy."""
+    from scipy.special import gammaln
+
+    paths = np.asarray(state.paths)
+    count, depth_arr = np.asarray(state.count), np.asarray(state.depth)
+    L, M = config.depth, config.node_capacity
+    ell = int(depth_arr[z])
+    rows = np.asarray(rows, np.float64)
+    active = np.asarray(state.comp_active)
+    cols = np.r_[active, True]
+    n_z = np.r_[np.asarray(state.node_comp)[z], 0][cols].astype(float)
+    floor = np.log(np.finfo(np.asarray(state.log_beta).dtype).tiny)  # an underflowed weight: tiny
+    log_beta_z = np.maximum(np.asarray(state.log_beta, np.float64)[z], floor)[cols]
+    in_sub = paths[:, ell - 1] == z
+    others = paths[~in_sub]
+    out = {}
+    for u in range(M):
+        if u != 0 and (count[u] == 0 or depth_arr[u] > ell - 1):
+            continue
+        d_u = 0 if u == 0 else int(depth_arr[u])
+        if u != 0 and not np.any(others[:, d_u - 1] == u):
+            continue  # only the subtree's own points pass through u
+        prefix = [] if u == 0 else list(paths[np.flatnonzero(paths[:, d_u - 1] == u)[0], :d_u])
+        prefix += [900 + j for j in range(ell - 1 - d_u)]  # a new branch
+        new = paths.copy()
+        new[in_sub, : ell - 1] = prefix
+        log_v = float(path_log_prior(jnp.asarray(new), hyper.alpha, 1000))
+        a = hyper.gamma * np.exp(np.maximum(rows[u], floor))[cols]
+        if ell == L:
+            lik = gammaln(a.sum()) - gammaln(a.sum() + n_z.sum()) + np.sum(gammaln(a + n_z) - gammaln(a))
+        else:
+            lik = gammaln(a.sum()) + np.sum((a - 1.0) * log_beta_z - gammaln(a))  # log Dir(β_z; a)
+        out[u] = log_v + lik
+    return out
+
+
+@pytest.mark.parametrize("case", [
+    # depth 2: a leaf whose parent keeps other points, and one whose parent would vanish
+    ([[1, 2], [1, 2], [1, 3], [1, 3], [4, 5], [4, 5]], [0, 0, 1, 1, 2, 2], 3),
+    ([[1, 2], [1, 2], [1, 3], [1, 3], [4, 5], [4, 5]], [0, 0, 1, 1, 2, 2], 5),
+    # depth 3: a leaf (new branches of one and two levels), an internal node, a vanishing one
+    ([[1, 2, 3], [1, 2, 3], [1, 2, 6], [1, 7, 8], [9, 10, 11], [9, 10, 11]], [0, 0, 1, 1, 2, 2], 3),
+    ([[1, 2, 3], [1, 2, 3], [1, 2, 6], [1, 7, 8], [9, 10, 11], [9, 10, 11]], [0, 0, 1, 1, 2, 2], 7),
+    ([[1, 2, 3], [1, 2, 3], [1, 2, 6], [1, 7, 8], [9, 10, 11], [9, 10, 11]], [0, 0, 1, 1, 2, 2], 10),
+    ([[1, 2, 3], [1, 2, 3], [1, 2, 6], [1, 7, 8], [9, 10, 11], [9, 10, 11]], [0, 0, 1, 1, 2, 2], 11),
+], ids=["d2-leaf", "d2-vanishing-leaf", "d3-leaf", "d3-internal", "d3-vanishing-internal",
+        "d3-vanishing-leaf"])
+def test_regraft_log_weights_match_the_joint(case):
+    """The subtree move's weights over every place equal, up to one constant, the joint
+    rebuilt from the paths (enumeration of the places of a small tree); the auxiliary rows
+    of new branches are arbitrary weights here."""
+    paths, c, z = case
+    depth = len(paths[0])
+    state, config, hyper = _tree_state(paths, c, depth)
+    M, K = config.node_capacity, config.component_capacity
+    rng = np.random.default_rng(0)
+    aux = rng.dirichlet(np.ones(K + 1), size=M)
+    rows = np.where(np.asarray(state.depth)[:, None] == np.asarray(state.depth)[z] - 1,
+                    np.asarray(state.log_beta, np.float64), np.log(aux))
+    rows = np.where(np.isfinite(rows), rows, np.log(aux))
+    got = np.asarray(bhmc.regraft_log_weights(z, state, jnp.asarray(rows), config), np.float64)
+    want = _brute_regraft_log_weights(state, z, rows, hyper, config)
+    cand = sorted(want)
+    assert len(cand) >= 2  # the present place and another
+    assert np.all(np.isfinite(got[cand]))
+    others = np.setdiff1d(np.arange(M), cand)
+    assert np.all(np.isneginf(got[others]))
+    g = got[cand] - got[cand[0]]
+    w = np.array([want[u] for u in cand]) - want[cand[0]]
+    print("places", cand, "weights", g.round(4), "joint", w.round(4))
+    np.testing.assert_allclose(g, w, atol=1e-4)
+    # the present place is among the candidates
+    _, _, cur = bhmc._subtree_place(z, state, config)
+    assert int(cur) in cand
+
+
+def test_regraft_keeps_the_tables_consistent_with_the_paths():
+    """After passes of the subtree moves over a depth-3 tree (α large, so that subtrees move
+    and new branches open), the node table, the per-node component counts and the weights
+    agree with the paths: ``count``, ``parent``, ``depth`` rebuilt by ``tree_from_paths``,
+    ``node_comp`` recounted, live rows normalised. Some subtrees moved."""
+    paths = [[1, 2, 3], [1, 2, 3], [1, 2, 6], [1, 7, 8], [9, 10, 11], [9, 10, 11], [9, 12, 13], [1, 7, 14]]
+    c = [0, 0, 1, 1, 2, 2, 3, 1]
+    state, config, _ = _tree_state(paths, c, 3, M=40)
+    state = state._replace(alpha=jnp.asarray(3.0, state.alpha.dtype))
+    run = jax.jit(lambda k, s: bhmc.regraft(k, s, config))
+    total = 0
+    for i in range(30):
+        state, moved = run(jax.random.key(i), state)
+        total += int(moved)
+        assert not bool(state.overflow)
+        parent, depth, count = (np.asarray(a) for a in nested.tree_from_paths(state.paths, config.node_capacity))
+        live = count > 0
+        np.testing.assert_array_equal(np.asarray(state.count), count)
+        np.testing.assert_array_equal(np.asarray(state.parent)[live], parent[live])
+        np.testing.assert_array_equal(np.asarray(state.depth)[live], depth[live])
+        full = np.c_[np.zeros(len(paths), int), np.asarray(state.paths)]
+        node_comp = np.zeros((config.node_capacity, config.component_capacity), int)
+        np.add.at(node_comp, (full, np.asarray(state.c)[:, None]), 1)
+        np.testing.assert_array_equal(np.asarray(state.node_comp), node_comp)
+        w = np.exp(np.asarray(state.log_beta, np.float64)[live]).sum(1)
+        np.testing.assert_allclose(w, 1.0, rtol=1e-4)
+    assert total > 10

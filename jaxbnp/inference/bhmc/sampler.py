@@ -26,7 +26,9 @@ points in a random order (paper: ``Shuffled(X)``) and for point ``n``
    (paper §4.1): the root by ``u ~ Beta(1, γ0)``, a child ``z'`` of ``z`` by
    ``u ~ Beta(γβ_z,new + 1[z' on v_n], γβ*_z)``, top down.
 
-After all points: the weights by eqs. 3–4 (``β_root ~ Dir(N_1..N_K, γ0)``,
+After all points, with ``regraft`` (default), every subtree below the first level gets a
+Gibbs draw of its place (:func:`regraft`; docs/mathematics.md §6, "Subtree moves"). Then
+the weights by eqs. 3–4 (``β_root ~ Dir(N_1..N_K, γ0)``,
 ``β_z' ~ Dir(N_z'k + γβ_zk, γβ*_z)``, top down, ``N_z'k`` the points of
 component ``k`` below ``z'``), the means by eq. 5 and, optionally, a random-walk
 MH on ``log α``, ``log γ0`` and ``log γ`` under the paper's hyperpriors
@@ -124,6 +126,9 @@ __all__ = [
     "make_model",
     "path_gibbs",
     "point_update",
+    "regraft",
+    "regraft_log_weights",
+    "regraft_node",
     "state_from_simulation",
     "step",
     "update_beta",
@@ -151,6 +156,8 @@ class BHMCConfig(NamedTuple):
     with point counts, :func:`update_beta`; not the exact conditionals).
     beta_mh_steps, beta_mh_scale: the random-walk MH steps of ``"exact"`` on the nodes
     above the leaves' parents, and their scale in additive log-ratio coordinates.
+    regraft: after the points, a Gibbs draw of the place of every subtree below the first
+    level (:func:`regraft`: whole leaves and subtrees move to another parent or a new branch).
     """
 
     depth: int
@@ -164,6 +171,7 @@ class BHMCConfig(NamedTuple):
     beta_rule: str = "exact"
     beta_mh_steps: int = 20
     beta_mh_scale: float = 0.3
+    regraft: bool = True
 
 
 class BHMCModel(NamedTuple):
@@ -237,12 +245,14 @@ class BHMCInfo(NamedTuple):
     the current path does not count). num_proposed: ``()`` int32 path updates
     made (one per point, ``N``). hyper_accepted: ``(3,)``
     bool, the MH moves of ``α, γ0, γ`` accepted (all ``False`` when
-    ``update_hyper`` is off).
+    ``update_hyper`` is off). num_regrafted: ``()`` int32 subtrees that :func:`regraft`
+    moved to another place.
     """
 
     num_accepted: jax.Array
     num_proposed: jax.Array
     hyper_accepted: jax.Array
+    num_regrafted: jax.Array
 
 
 # ------------------------------------------------------------------------------ model constants
@@ -499,6 +509,197 @@ def point_update(key, state: BHMCState, n, X, model: BHMCModel, config: BHMCConf
     return state, PointInfo(changed)
 
 
+# ------------------------------------------------------------------------------ subtree moves
+def _block_log_lik(z, log_beta, node_comp, comp_active, gamma, is_leaf, rows):
+    """The factor of the subtree below ``z`` that depends on its parent's weights, for every
+    candidate parent weight row ``rows`` ``(M, K + 1)`` (logs): for a leaf its weights
+    integrated out, ``log ∫ Π_k β_k^{N_zk} Dir(β; γβ_parent) dβ``; for an internal node the
+    density ``log Dir(β_z; γβ_parent)``. Columns: the components in use and the rest."""
+    ftype = log_beta.dtype
+    cols = jnp.concatenate([comp_active, jnp.ones(1, bool)])
+    floor = jnp.log(jnp.finfo(ftype).tiny)
+    a = jnp.where(cols, gamma * jnp.exp(jnp.maximum(rows, floor)), 1.0)  # an underflowed weight: tiny
+    total = jnp.sum(jnp.where(cols, a, 0.0), -1)
+    n = jnp.concatenate([node_comp[z], jnp.zeros(1, node_comp.dtype)]).astype(ftype)
+    used = cols & (n > 0)
+    leaf = (lax.lgamma(total) - lax.lgamma(total + jnp.sum(n))
+            + jnp.sum(jnp.where(used, lax.lgamma(a + n) - lax.lgamma(a), 0.0), -1))
+    x = jnp.maximum(log_beta[z], floor)
+    dens = lax.lgamma(total) + jnp.sum(jnp.where(cols, (a - 1.0) * x - lax.lgamma(a), 0.0), -1)
+    return jnp.where(is_leaf, leaf, dens)
+
+
+def _subtree_place(z, state: BHMCState, config: BHMCConfig):
+    """Where node ``z``'s subtree hangs: ``(ancestors, count_minus, current)``, the ancestors
+    ``(L + 1,)`` by depth (entries from ``z``'s depth on are not ancestors), the node counts
+    without the subtree, and the slot that stands for the present place among
+    :func:`regraft_log_weights`'s candidates (the parent if it keeps other points, else the
+    node the branch that would vanish starts from)."""
+    L, M = config.depth, config.node_capacity
+    levels = jnp.arange(L + 1)
+    p = jnp.maximum(state.parent, 0)
+    ell = state.depth[z]
+    up = [z]
+    for _ in range(L):
+        up.append(p[up[-1]])
+    anc = jnp.stack(up)[jnp.clip(ell - levels, 0, L)]  # anc[d]: the ancestor at depth d < ell
+    above = jnp.zeros(M, bool).at[jnp.where(levels < ell, anc, M)].set(True, mode="drop")
+    count_minus = state.count - jnp.where(above, state.count[z], 0)
+    keeps = (count_minus[anc] > 0) | (levels == 0)
+    d_cur = jnp.max(jnp.where(keeps & (levels < ell), levels, 0))
+    return anc, count_minus, anc[d_cur]
+
+
+def regraft_log_weights(z, state: BHMCState, rows, config: BHMCConfig):
+    """Log weights (up to a constant) of the places of node ``z``'s subtree (docs/mathematics.md
+    §6, "Subtree moves"), one per node slot ``u``: below ``u`` if ``u`` is at depth
+    ``ℓ − 1`` (``ℓ`` the depth of ``z``), at the end of a new branch from ``u`` if ``u`` is
+    shallower; ``−inf`` where ``u`` is no candidate. With ``s = N_z`` and counts ``N⁻``
+    without the subtree::
+
+        log nCRP(the s points reach u) + log t(N⁻_u) + (ℓ − 1 − d_u) log t(0)
+            + log p(subtree | β_parent)
+
+    where ``t(N) = α Γ(s) Γ(N + α) / Γ(N + α + s)`` is the probability that ``s`` customers
+    open one new table together in a restaurant of ``N``, and reaching ``u`` multiplies
+    ``Γ(N⁻_u + s) Γ(N⁻_p + α) / [Γ(N⁻_u) Γ(N⁻_p + α + s)]`` over the edges ``p → u``
+    above it. ``rows``: ``(M, K + 1)`` the weights (logs) the parent would have in each
+    place: ``β_u`` below ``u``, an auxiliary draw at the end of a new branch
+    (:func:`_block_log_lik`)."""
+    L, M = config.depth, config.node_capacity
+    ftype = state.log_beta.dtype
+    alpha = state.alpha
+    nodes = jnp.arange(M)
+    p = jnp.maximum(state.parent, 0)
+    ell = state.depth[z]
+    _, count_minus, _ = _subtree_place(z, state, config)
+    live = (count_minus > 0) | (nodes == 0)
+    d = jnp.where(nodes == 0, 0, state.depth)
+    sf = state.count[z].astype(ftype)
+    cm = count_minus.astype(ftype)
+    cmp = cm[p]
+    step_lp = (lax.lgamma(jnp.maximum(cm, 1.0) + sf) - lax.lgamma(jnp.maximum(cm, 1.0))
+               + lax.lgamma(cmp + alpha) - lax.lgamma(cmp + alpha + sf))
+    reach = jnp.zeros(M, ftype)
+    for _ in range(L):
+        reach = jnp.where(nodes == 0, 0.0, reach[p] + step_lp)
+
+    def log_t(n):
+        return jnp.log(alpha) + lax.lgamma(sf) + lax.lgamma(n + alpha) - lax.lgamma(n + alpha + sf)
+
+    fresh = jnp.maximum(ell - 1 - d, 0).astype(ftype)
+    prior = reach + log_t(cm) + fresh * log_t(jnp.zeros((), ftype))
+    lik = _block_log_lik(z, state.log_beta, state.node_comp, state.comp_active, state.gamma, ell == L, rows)
+    return jnp.where(live & (d <= ell - 1), prior + lik, -jnp.inf)
+
+
+def _aux_branches(key, log_beta, gamma, config: BHMCConfig):
+    """Auxiliary weights of a new branch from each row of ``log_beta`` ``(R, K + 1)``:
+    ``chain[t]`` ``(R, K + 1)`` the node ``t`` levels below (``chain[0] = log_beta``), each
+    ``Dir(γβ_above)``."""
+    def one(prev, k):
+        drawn = _log_dirichlet(k, jnp.log(gamma) + prev)
+        return drawn, drawn
+
+    _, chain = lax.scan(one, log_beta, jax.random.split(key, config.depth - 1))
+    return jnp.concatenate([log_beta[None], chain])  # (L, R, K + 1)
+
+
+def regraft_node(key, state: BHMCState, z, config: BHMCConfig, level: int | None = None
+                 ) -> tuple[BHMCState, jax.Array]:
+    """Gibbs draw of the place of node ``z``'s subtree (``z`` at depth ``ℓ ≥ 2``) given
+    everything else (docs/mathematics.md §6, "Subtree moves"): below any node at depth
+    ``ℓ − 1`` that keeps other points, or at the end of a new branch from any node above
+    (Neal's algorithm 8 with one auxiliary branch per node, drawn from the prior; the branch
+    that would vanish keeps its weights). A leaf's weights are integrated out and drawn
+    again given its new parent, ``Dir(γβ_parent + N_z)``. Returns the state and whether the
+    subtree moved. When a new branch finds no free node slot the state keeps its place and
+    ``overflow`` is set. ``level``: the depth of ``z`` when known when tracing (at depth 2
+    only the root starts new branches, so only its auxiliary branch is drawn)."""
+    L, M = config.depth, config.node_capacity
+    k_aux, k_choice, k_leaf = jax.random.split(key, 3)
+    levels = jnp.arange(L + 1)
+    nodes = jnp.arange(M)
+    ell = state.depth[z]
+    d = jnp.where(nodes == 0, 0, state.depth)
+    lb = state.log_beta
+    anc, count_minus, cur = _subtree_place(z, state, config)
+    root_only = level == 2  # the only node above depth 1 is the root
+    chain = _aux_branches(k_aux, lb[:1] if root_only else lb, state.gamma, config)  # (L, R, K + 1)
+    branch_row = jnp.zeros_like(nodes) if root_only else nodes
+    rows = jnp.where((d < ell - 1)[:, None], chain[jnp.clip(ell - 1 - d, 0, L - 1), branch_row], lb)
+    # rows: β_u below u, the end of u's auxiliary branch above
+    rows = rows.at[cur].set(lb[anc[ell - 1]])  # the present place keeps its weights
+    weights = regraft_log_weights(z, state, rows, config)
+    choice = jnp.argmax(weights + jax.random.gumbel(k_choice, (M,), lb.dtype))
+    moved = choice != cur
+    s, n_z = state.count[z], state.node_comp[z]
+    d_new = d[choice]
+    # the new ancestors by depth: those of the choice, then free slots for a new branch
+    up = [choice]
+    for _ in range(L):
+        up.append(jnp.maximum(state.parent, 0)[up[-1]])
+    up = jnp.stack(up)
+    free = jnp.nonzero((count_minus == 0) & (nodes > 0), size=L, fill_value=M)[0]
+    new_level = (levels > d_new) & (levels < ell)
+    slots = free[jnp.clip(levels - d_new - 1, 0, L - 1)]
+    overflow = moved & jnp.any(new_level & (slots >= M))
+    new_anc = jnp.where(new_level, jnp.minimum(slots, M - 1),
+                        up[jnp.clip(d_new - levels, 0, L)]).astype(jnp.int32)
+    go = moved & ~overflow
+
+    def apply(state):
+        old_rows = jnp.where(levels < ell, anc, M)
+        new_rows = jnp.where(levels < ell, new_anc, M)
+        count = count_minus.at[new_rows].add(s, mode="drop")
+        node_comp = state.node_comp.at[old_rows].add(-n_z, mode="drop").at[new_rows].add(n_z, mode="drop")
+        made = jnp.where(new_level, new_anc, M)
+        parent = state.parent.at[made].set(new_anc[jnp.maximum(levels - 1, 0)], mode="drop")
+        parent = parent.at[z].set(new_anc[ell - 1])
+        depth = state.depth.at[made].set(levels.astype(state.depth.dtype), mode="drop")
+        log_beta = lb.at[made].set(chain[jnp.clip(levels - d_new, 0, L - 1), branch_row[choice]], mode="drop")
+        in_sub = state.paths[:, jnp.clip(ell - 1, 0, L - 1)] == z
+        cols = jnp.arange(L)
+        paths = jnp.where(in_sub[:, None] & (cols[None, :] < ell - 1), new_anc[1 + cols][None, :], state.paths)
+        return state._replace(paths=paths, parent=parent, depth=depth, count=count, log_beta=log_beta,
+                              node_comp=node_comp)
+
+    state = lax.cond(go, apply, lambda s: s, state)
+    # a leaf's weights given its (new) parent
+    cols = jnp.concatenate([state.comp_active, jnp.ones(1, bool)])
+    n = jnp.concatenate([n_z, jnp.zeros(1, n_z.dtype)]).astype(lb.dtype)
+    log_n = jnp.where(n > 0, jnp.log(jnp.maximum(n, 1.0)), -jnp.inf)
+    parent_row = jnp.where(go, rows[choice], lb[anc[ell - 1]])
+    conc = jnp.where(cols, jnp.logaddexp(jnp.log(state.gamma) + parent_row, log_n), -jnp.inf)
+    leaf_lb = _log_dirichlet(k_leaf, conc)
+    log_beta = jnp.where(ell == L, state.log_beta.at[z].set(leaf_lb), state.log_beta)
+    return state._replace(log_beta=log_beta, overflow=state.overflow | overflow), go
+
+
+def regraft(key, state: BHMCState, config: BHMCConfig) -> tuple[BHMCState, jax.Array]:
+    """Subtree moves (docs/mathematics.md §6, "Subtree moves"): from depth 2 down to the
+    leaves, every node of the level in a random order gets a Gibbs draw of its place
+    (:func:`regraft_node`), its whole subtree with it. Returns the state and the number of
+    subtrees moved."""
+    L, M = config.depth, config.node_capacity
+    total = jnp.zeros((), jnp.int32)
+    for level in range(2, L + 1):  # the nodes of a level stay those of the level while they move
+        k_level = jax.random.fold_in(key, level)
+        order = jax.random.permutation(k_level, M)
+        at = (state.count > 0) & (state.depth == level)
+        order = order[jnp.argsort(~at[order], stable=True)]  # the level's nodes first, shuffled
+        keys = jax.random.split(jax.random.fold_in(k_level, 1), M)
+
+        def body(i, carry, level=level, order=order, keys=keys):
+            state, total = carry
+            state, moved = lax.cond(state.overflow, lambda s: (s, jnp.bool_(False)),
+                                    lambda s: regraft_node(keys[i], s, order[i], config, level), state)
+            return state, total + moved.astype(jnp.int32)
+
+        state, total = lax.fori_loop(0, jnp.sum(at), body, (state, total))
+    return state, total
+
+
 # ------------------------------------------------------------------------------ global updates
 def update_beta(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
     """Eqs. 3–4 top down: ``β_root ~ Dir(N_1..N_K, γ0)``, ``β_z' ~ Dir(N_z'k + γβ_zk, γβ*_z)``.
@@ -714,22 +915,28 @@ def update_hyperparameters(key, state: BHMCState, config: BHMCConfig) -> tuple[B
 
 def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tuple[BHMCState, BHMCInfo]:
     """One sweep of Algorithm 2 (module docstring, docs/mathematics.md §6): every point in a
-    random order (:func:`point_update`), then ``B`` (:func:`update_beta`), ``θ``
+    random order (:func:`point_update`), with ``regraft`` every subtree below the first level
+    (:func:`regraft`), then ``B`` (:func:`update_beta_exact` or :func:`update_beta`), ``θ``
     (:func:`update_theta`) and, with ``update_hyper``, the hyperparameters.
 
     Pure and jittable; returns the new state and a :class:`BHMCInfo`.
     """
     n = X.shape[0]
     k_perm, k_points, k_beta, k_theta, k_hyper = jax.random.split(key, 5)
+    k_regraft = jax.random.fold_in(key, 5)
     order = jax.random.permutation(k_perm, n)
     point_keys = jax.random.split(k_points, n)
 
-    def body(i, carry):
+    def body(i, carry):  # after an overflow the state stays as it was (the run is discarded)
         s, num_accepted = carry
-        s, info = point_update(point_keys[i], s, order[i], X, model, config)
+        s, info = lax.cond(s.overflow, lambda s: (s, PointInfo(jnp.bool_(False))),
+                           lambda s: point_update(point_keys[i], s, order[i], X, model, config), s)
         return s, num_accepted + info.accepted.astype(jnp.int32)
 
     state, num_accepted = lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.int32)))
+    num_regrafted = jnp.zeros((), jnp.int32)
+    if config.regraft and config.depth >= 2:
+        state, num_regrafted = regraft(k_regraft, state, config)
     if config.update_beta:
         state = (update_beta_exact if config.beta_rule == "exact" else update_beta)(k_beta, state, config)
     state = update_theta(k_theta, state, X, model, config)
@@ -738,7 +945,7 @@ def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tupl
         state, hyper_info = update_hyperparameters(k_hyper, state, config)
         hyper_accepted = hyper_info.accepted
     state = state._replace(log_lik=complete_log_likelihood(state, X, model, config))
-    return state, BHMCInfo(num_accepted, jnp.asarray(n, jnp.int32), hyper_accepted)
+    return state, BHMCInfo(num_accepted, jnp.asarray(n, jnp.int32), hyper_accepted, num_regrafted)
 
 
 # ------------------------------------------------------------------------------ initial states
@@ -1003,8 +1210,21 @@ class BHMCKernel(MCMCKernel):
         return f"path acceptance {float(np.mean(rate)):.2f}"
 
 
+class _GrowingNodes(BHMCKernel):
+    """:func:`fit_bhmc`'s kernel: tells the runner it overflowed only when the node slots
+    ran out (so that the runner doubles them); running out of component slots is raised by
+    :func:`fit_bhmc` itself, since more node slots would not help."""
+
+    def overflowed(self, state: BHMCKernelState) -> bool:
+        s = state.sample  # a step stops where it overflowed: fewer than L free node slots then
+        live = np.sum(np.asarray(s.count) > 0, axis=-1)
+        nodes_full = live > self.config.node_capacity - 1 - self.config.depth
+        return bool(np.any(np.asarray(s.overflow) & nodes_full))
+
+
 def _no_moves(n: int) -> BHMCInfo:
-    return BHMCInfo(jnp.zeros((), jnp.int32), jnp.asarray(n, jnp.int32), jnp.zeros(3, bool))
+    return BHMCInfo(jnp.zeros((), jnp.int32), jnp.asarray(n, jnp.int32), jnp.zeros(3, bool),
+                    jnp.zeros((), jnp.int32))
 
 
 # ------------------------------------------------------------------------------ labels and fit_bhmc
@@ -1026,8 +1246,9 @@ class BHMCFit(NamedTuple):
     compact labels per depth. components: ``(N,)`` compact component labels.
     log_lik: ``(num_chains, num_samples)`` trace. best: the best
     :class:`BHMCState`. samples: ``{"paths": (C, S, N, L), "c": (C, S, N),
-    "num_leaves", "num_components", "accept_rate": (C, S), "timing": {...}}``
-    (``accept_rate``: the fraction of points whose path changed in the sweep).
+    "num_leaves", "num_components", "accept_rate", "num_regrafted": (C, S), "timing": {...}}``
+    (``accept_rate``: the fraction of points whose path changed in the sweep;
+    ``num_regrafted``: the subtrees the sweep's :func:`regraft` moved).
     summary_labels_per_level: ``(L, N)`` the posterior summary of every level: the
     partition minimising the expected variation of information over all chains' draws of
     that level's nodes (:func:`jaxbnp.metrics.point_estimate`); ``None`` with
@@ -1070,6 +1291,7 @@ def fit_bhmc(
     paper_split: bool = False,
     path_update: str = "gibbs",
     beta_rule: str = "exact",
+    regraft: bool = True,
     init: str = "ward",
     store_samples: bool = True,
     compiler_options: dict | str | None = "auto",
@@ -1082,12 +1304,17 @@ def fit_bhmc(
     from a draw of the prior (:func:`init`). ``path_update``: ``"gibbs"`` (default,
     :func:`path_gibbs`) or ``"mh"`` (the paper's). ``beta_rule``: ``"exact"`` (default,
     :func:`update_beta_exact`) or ``"paper"`` (eqs. 3–4, :func:`update_beta`, not exact).
+    ``regraft=True`` (default) adds the subtree moves of :func:`regraft` to every sweep (whole
+    leaves and subtrees change parent; ``False``: the paper's sampler moves points only).
     Only the burn-in depends on the start; with the defaults every update is exact.
 
     Defaults from the data: ``mu0`` the mean of ``X``, ``Sigma0`` the diagonal
-    of its variances, ``Sigma = Sigma0 / 20``. ``node_capacity`` defaults to
-    ``min(N L + L + 1, 512)``, ``component_capacity`` to ``min(N, 64)``;
-    running out raises :class:`CapacityError` naming the option. Validation
+    of its variances, ``Sigma = Sigma0 / 20``. ``node_capacity=None`` (default) starts with
+    64 node slots (more if the start needs them) and doubles them, running again from the
+    start, whenever a chain runs out, up to ``N L + L + 1`` (which cannot run out: a step
+    scores every slot, so a small capacity is faster); an integer fixes it.
+    ``component_capacity`` defaults to ``min(N, 64)``; running out of a fixed capacity
+    raises :class:`CapacityError` naming the option. Validation
     happens before anything is compiled. The chains are :class:`BHMCKernel`'s,
     run by :func:`jaxbnp.inference.runner.run`. Same key, same draws; chain
     ``c`` draws exactly what a one-chain run would with the same ``key``
@@ -1117,10 +1344,11 @@ def fit_bhmc(
     Sigma = Sigma0 / 20.0 if Sigma is None else check_covariance(Sigma, "Sigma", dim)
     mu0 = Xn.mean(axis=0) if mu0 is None else mu0
     hyper = NestedHDP(depth=depth, alpha=alpha, gamma0=gamma0, gamma=gamma, Sigma=Sigma, Sigma0=Sigma0, mu0=mu0)
-    if node_capacity is None:
-        M = min(n * depth + depth + 1, 512)
+    M_most = n * depth + depth + 1  # every point on its own path, and a move's new nodes
+    if node_capacity is None:  # start small (a step scores every slot) and double when full
+        M = min(M_most, 64 if init == "ward" else 512)  # a prior draw's ids reach N L
     else:
-        M = check_int("node_capacity", node_capacity, depth + 2)
+        M = M_most = check_int("node_capacity", node_capacity, depth + 2)
     K = min(n, 64) if component_capacity is None else check_int("component_capacity", component_capacity, 1)
     if path_update not in ("gibbs", "mh"):
         raise ValueError(f"path_update must be 'gibbs' or 'mh', got {path_update!r}.")
@@ -1129,7 +1357,7 @@ def fit_bhmc(
     if init not in ("ward", "prior"):
         raise ValueError(f"init must be 'ward' or 'prior', got {init!r}.")
     config = BHMCConfig(depth, M, K, bool(update_beta), bool(update_hyper), bool(paper_split),
-                        path_update=path_update, beta_rule=beta_rule)
+                        path_update=path_update, beta_rule=beta_rule, regraft=bool(regraft))
     ftype = jnp.result_type(float)
     model_args = (jnp.asarray(Xn, ftype), make_model(hyper),
                   BHMCHyper(*(jnp.asarray(v, ftype) for v in (hyper.alpha, hyper.gamma0, hyper.gamma))))
@@ -1144,8 +1372,10 @@ def fit_bhmc(
         init_params = {"rng_key": key, "chain": jnp.zeros((), jnp.int32)}
     if init == "ward":  # Ward's tree cut to the depth; fits the capacities
         k = min(K, max(2, int(round(math.sqrt(n / 2)))))
-        while k > 1 and 1 + sum(round(k ** (lv / depth)) for lv in range(1, depth + 1)) > M:
+        while k > 1 and 1 + sum(round(k ** (lv / depth)) for lv in range(1, depth + 1)) > M_most:
             k -= 1
+        while 2 * (1 + sum(round(k ** (lv / depth)) for lv in range(1, depth + 1))) > M < M_most:
+            M = min(2 * M, M_most)  # room for the start's nodes and as many again
         paths0, c0 = ward_start(Xn, depth, k)
         start = (jnp.asarray(paths0), jnp.asarray(c0))
         if num_chains > 1:
@@ -1155,15 +1385,20 @@ def fit_bhmc(
     t_start = time.perf_counter()
     try:
         result = run(
-            lambda _capacity: BHMCKernel(config), key, model_args, num_warmup=num_warmup,
-            num_samples=num_samples, num_chains=num_chains,
+            lambda capacity: _GrowingNodes(config._replace(node_capacity=capacity)), key, model_args,
+            num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
             collect=_collect_draws if store_samples else _collect_summary, init_params=init_params,
-            progress_bar=False, heartbeat=clock, cache_key=("bhmc", config), compiler_options=compiler_options)
+            capacity=M, max_capacity=M_most, progress_bar=False, heartbeat=clock,
+            cache_key=("bhmc", config._replace(node_capacity=None)), compiler_options=compiler_options)
     except CapacityError:
         raise CapacityError(
-            f"BHMC needs more slots than node_capacity={M} or component_capacity={K} (for its initial "
+            f"BHMC needs more slots than node_capacity={M_most} or component_capacity={K} (for its initial "
             "tree or partition, or for a move); pass a larger node_capacity= or component_capacity= "
             "to fit_bhmc.") from None
+    if BHMCKernel.overflowed(None, result.last_state):  # out of component slots
+        raise CapacityError(
+            f"BHMC needs more than component_capacity={K} component slots; pass a larger "
+            "component_capacity= to fit_bhmc.")
     samples = dict(result.samples)
     log_lik = samples.pop("log_lik")
     best = result.last_state.best
@@ -1194,7 +1429,7 @@ def _collect_summary(ks: BHMCKernelState) -> dict:
     depth = s.paths.shape[-1]
     return {"log_lik": s.log_lik, "num_leaves": jnp.sum((s.count > 0) & (s.depth == depth), axis=-1),
             "num_components": jnp.sum(s.comp_active, axis=-1),
-            "accept_rate": info.num_accepted / info.num_proposed}
+            "accept_rate": info.num_accepted / info.num_proposed, "num_regrafted": info.num_regrafted}
 
 
 def _collect_draws(ks: BHMCKernelState) -> dict:
