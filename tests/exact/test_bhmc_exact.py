@@ -230,15 +230,16 @@ def test_geweke_power_path_gibbs_with_wrong_new_branch_weight(geweke_setup, monk
 
 
 def test_geweke_power_regraft_with_wrong_new_branch_weight(geweke_setup, monkeypatch):
-    """Power of the Geweke test for the subtree moves (on in the all-updates run above): a
-    move whose new branches are weighted with 3α instead of α is rejected."""
+    """Power of the Geweke test for the subtree moves (on in the all-updates run above; at
+    depth 2 the leaves move inside the exact β update, :func:`regraft_leaves`): a move whose
+    new branches are weighted with 3α instead of α is rejected."""
     forward, start = geweke_setup
-    exact = bhmc.regraft_log_weights
+    exact = bhmc.regraft_log_prior
 
-    def broken(z, state, rows, config):
-        return exact(z, state._replace(alpha=3.0 * state.alpha), rows, config)
+    def broken(z, state, config):
+        return exact(z, state._replace(alpha=3.0 * state.alpha), config)
 
-    monkeypatch.setattr(bhmc, "regraft_log_weights", broken)
+    monkeypatch.setattr(bhmc, "regraft_log_prior", broken)
     chain = make_geweke_run(CONFIG_ALL)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
     pvals = compare(forward, chain)
     print("Geweke p-values, broken subtree move:", pvals)
@@ -464,3 +465,85 @@ def test_regraft_keeps_the_tables_consistent_with_the_paths():
         w = np.exp(np.asarray(state.log_beta, np.float64)[live]).sum(1)
         np.testing.assert_allclose(w, 1.0, rtol=1e-4)
     assert total > 10
+
+
+def _brute_leaf_table_log_weights(state, z, tables, rows, hyper, config):
+    """Every place of leaf ``z`` by rebuilding the paths: log p(V') (the path prior) plus, for
+    every parent of leaves in the new tree, the Dirichlet-multinomial of its children's table
+    counts under ``γβ_g`` (its parent's weights, or ``rows`` for the place's own parent)."""
+    from scipy.special import gammaln
+
+    paths = np.asarray(state.paths)
+    count, depth_arr, parent = (np.asarray(a) for a in (state.count, state.depth, state.parent))
+    L, M = config.depth, config.node_capacity
+    rows = np.asarray(rows, np.float64)
+    lb = np.asarray(state.log_beta, np.float64)
+    floor = np.log(np.finfo(np.asarray(state.log_beta).dtype).tiny)
+    active = np.asarray(state.comp_active)
+    tables = np.asarray(tables)
+    in_sub = paths[:, L - 1] == z
+    others = paths[~in_sub]
+    out = {}
+    for u in range(M):
+        if u != 0 and (count[u] == 0 or depth_arr[u] > L - 1):
+            continue
+        d_u = 0 if u == 0 else int(depth_arr[u])
+        if u != 0 and not np.any(others[:, d_u - 1] == u):
+            continue
+        prefix = [] if u == 0 else list(paths[np.flatnonzero(paths[:, d_u - 1] == u)[0], :d_u])
+        prefix += [900 + j for j in range(L - 1 - d_u)]
+        new = paths.copy()
+        new[in_sub, : L - 1] = prefix
+        total = float(path_log_prior(jnp.asarray(new), hyper.alpha, 1000))
+        for par in np.unique(new[:, L - 2]):  # every parent of leaves in the new tree
+            kids = np.unique(new[new[:, L - 2] == par, L - 1])
+            T = sum(tables[k] for k in kids)[active].astype(float)
+            if par == (prefix[-1] if prefix else None) and (d_u < L - 1):
+                g = rows[u]  # the new parent: its parent's weights are the place's row
+            elif par == (u if d_u == L - 1 else None):
+                g = rows[u]
+            else:
+                g = lb[parent[par]] if L > 1 else lb[0]
+            a = hyper.gamma * np.exp(np.maximum(g, floor))[:-1][active]
+            A = hyper.gamma * np.exp(np.maximum(g, floor))[np.r_[active, True]].sum()
+            total += gammaln(A) - gammaln(A + T.sum()) + np.sum(gammaln(a + T) - gammaln(a))
+        out[u] = total
+    return out
+
+
+@pytest.mark.parametrize("case", [
+    ([[1, 2], [1, 2], [1, 3], [1, 3], [4, 5], [4, 5], [4, 6]], [0, 0, 1, 1, 2, 2, 1], 3),
+    ([[1, 2], [1, 2], [1, 3], [1, 3], [4, 5], [4, 5], [4, 6]], [0, 0, 1, 1, 2, 2, 1], 6),
+    ([[1, 2], [1, 2], [1, 3], [1, 3], [4, 5], [4, 5]], [0, 0, 1, 1, 2, 2], 5),
+    ([[1, 2, 3], [1, 2, 3], [1, 2, 6], [1, 7, 8], [9, 10, 11], [9, 10, 11]], [0, 0, 1, 1, 2, 2], 3),
+    ([[1, 2, 3], [1, 2, 3], [1, 2, 6], [1, 7, 8], [9, 10, 11], [9, 10, 11]], [0, 0, 1, 1, 2, 2], 11),
+], ids=["d2-leaf", "d2-leaf-shared", "d2-vanishing", "d3-leaf", "d3-vanishing"])
+def test_leaf_table_log_weights_match_the_joint(case):
+    """The leaves' moves inside the exact β update (parents' weights integrated out given the
+    leaves' table counts): the weights of every place equal, up to one constant, the joint
+    rebuilt from the paths: the path prior and, for every parent of leaves, the
+    Dirichlet-multinomial of its children's tables."""
+    paths, c, z = case
+    depth = len(paths[0])
+    state, config, hyper = _tree_state(paths, c, depth)
+    M, K = config.node_capacity, config.component_capacity
+    n_leaf = np.where((np.asarray(state.depth) == depth)[:, None], np.asarray(state.node_comp), 0)
+    tables = np.minimum(n_leaf, 1 + np.arange(M)[:, None] % 2)  # any table counts with 1 <= m <= n
+    rng = np.random.default_rng(1)
+    lb = np.asarray(state.log_beta, np.float64)
+    d = np.where(np.arange(M) == 0, 0, np.asarray(state.depth))
+    aux = np.log(rng.dirichlet(np.ones(K + 1), size=M))
+    p = np.maximum(np.asarray(state.parent), 0)
+    rows = np.where((d == depth - 1)[:, None], lb[p], np.where((d == depth - 2)[:, None], lb, aux))
+    rows = np.where(np.isfinite(rows), rows, aux)
+    got = np.asarray(bhmc.leaf_table_log_weights(z, state, jnp.asarray(tables), jnp.asarray(rows), config),
+                     np.float64)
+    want = _brute_leaf_table_log_weights(state, z, tables, rows, hyper, config)
+    cand = sorted(want)
+    assert len(cand) >= 2
+    assert np.all(np.isfinite(got[cand]))
+    assert np.all(np.isneginf(got[np.setdiff1d(np.arange(M), cand)]))
+    g = got[cand] - got[cand[0]]
+    w = np.array([want[u] for u in cand]) - want[cand[0]]
+    print("places", cand, "weights", g.round(4), "joint", w.round(4))
+    np.testing.assert_allclose(g, w, atol=1e-4)

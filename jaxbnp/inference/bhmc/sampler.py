@@ -126,7 +126,10 @@ __all__ = [
     "make_model",
     "path_gibbs",
     "point_update",
+    "leaf_table_log_weights",
     "regraft",
+    "regraft_leaves",
+    "regraft_log_prior",
     "regraft_log_weights",
     "regraft_node",
     "state_from_simulation",
@@ -157,7 +160,8 @@ class BHMCConfig(NamedTuple):
     beta_mh_steps, beta_mh_scale: the random-walk MH steps of ``"exact"`` on the nodes
     above the leaves' parents, and their scale in additive log-ratio coordinates.
     regraft: after the points, a Gibbs draw of the place of every subtree below the first
-    level (:func:`regraft`: whole leaves and subtrees move to another parent or a new branch).
+    level (:func:`regraft`: whole leaves and subtrees move to another parent or a new branch;
+    with ``beta_rule="exact"`` the leaves move inside the ``β`` update, :func:`regraft_leaves`).
     """
 
     depth: int
@@ -566,6 +570,16 @@ def regraft_log_weights(z, state: BHMCState, rows, config: BHMCConfig):
     above it. ``rows``: ``(M, K + 1)`` the weights (logs) the parent would have in each
     place: ``β_u`` below ``u``, an auxiliary draw at the end of a new branch
     (:func:`_block_log_lik`)."""
+    lik = _block_log_lik(z, state.log_beta, state.node_comp, state.comp_active, state.gamma,
+                         state.depth[z] == config.depth, rows)
+    prior = regraft_log_prior(z, state, config)
+    return jnp.where(prior > -jnp.inf, prior + lik, -jnp.inf)  # (rows of no candidate may give NaN)
+
+
+def regraft_log_prior(z, state: BHMCState, config: BHMCConfig):
+    """The path-prior part of :func:`regraft_log_weights` (``−inf`` where ``u`` is no
+    candidate): the ``s`` points of ``z``'s subtree reach ``u`` together and open new tables
+    there and in each new node of a branch."""
     L, M = config.depth, config.node_capacity
     ftype = state.log_beta.dtype
     alpha = state.alpha
@@ -589,8 +603,7 @@ def regraft_log_weights(z, state: BHMCState, rows, config: BHMCConfig):
 
     fresh = jnp.maximum(ell - 1 - d, 0).astype(ftype)
     prior = reach + log_t(cm) + fresh * log_t(jnp.zeros((), ftype))
-    lik = _block_log_lik(z, state.log_beta, state.node_comp, state.comp_active, state.gamma, ell == L, rows)
-    return jnp.where(live & (d <= ell - 1), prior + lik, -jnp.inf)
+    return jnp.where(live & (d <= ell - 1), prior, -jnp.inf)
 
 
 def _aux_branches(key, log_beta, gamma, config: BHMCConfig):
@@ -605,33 +618,17 @@ def _aux_branches(key, log_beta, gamma, config: BHMCConfig):
     return jnp.concatenate([log_beta[None], chain])  # (L, R, K + 1)
 
 
-def regraft_node(key, state: BHMCState, z, config: BHMCConfig, level: int | None = None
-                 ) -> tuple[BHMCState, jax.Array]:
-    """Gibbs draw of the place of node ``z``'s subtree (``z`` at depth ``ℓ ≥ 2``) given
-    everything else (docs/mathematics.md §6, "Subtree moves"): below any node at depth
-    ``ℓ − 1`` that keeps other points, or at the end of a new branch from any node above
-    (Neal's algorithm 8 with one auxiliary branch per node, drawn from the prior; the branch
-    that would vanish keeps its weights). A leaf's weights are integrated out and drawn
-    again given its new parent, ``Dir(γβ_parent + N_z)``. Returns the state and whether the
-    subtree moved. When a new branch finds no free node slot the state keeps its place and
-    ``overflow`` is set. ``level``: the depth of ``z`` when known when tracing (at depth 2
-    only the root starts new branches, so only its auxiliary branch is drawn)."""
+def _move_subtree(state: BHMCState, z, choice, cur, anc, count_minus, chain, branch_row, config: BHMCConfig):
+    """Hang ``z``'s subtree at place ``choice`` (:func:`regraft_log_weights`'s slots): the
+    ancestors' counts and component counts, the new branch's nodes (free slots, weights from
+    the auxiliary ``chain[t, branch_row[choice]]``), ``z``'s parent and the paths of its
+    points. Returns ``(state, moved, overflow)``; with no free slot for a new branch the
+    subtree stays and ``overflow`` is true."""
     L, M = config.depth, config.node_capacity
-    k_aux, k_choice, k_leaf = jax.random.split(key, 3)
     levels = jnp.arange(L + 1)
     nodes = jnp.arange(M)
     ell = state.depth[z]
     d = jnp.where(nodes == 0, 0, state.depth)
-    lb = state.log_beta
-    anc, count_minus, cur = _subtree_place(z, state, config)
-    root_only = level == 2  # the only node above depth 1 is the root
-    chain = _aux_branches(k_aux, lb[:1] if root_only else lb, state.gamma, config)  # (L, R, K + 1)
-    branch_row = jnp.zeros_like(nodes) if root_only else nodes
-    rows = jnp.where((d < ell - 1)[:, None], chain[jnp.clip(ell - 1 - d, 0, L - 1), branch_row], lb)
-    # rows: β_u below u, the end of u's auxiliary branch above
-    rows = rows.at[cur].set(lb[anc[ell - 1]])  # the present place keeps its weights
-    weights = regraft_log_weights(z, state, rows, config)
-    choice = jnp.argmax(weights + jax.random.gumbel(k_choice, (M,), lb.dtype))
     moved = choice != cur
     s, n_z = state.count[z], state.node_comp[z]
     d_new = d[choice]
@@ -657,7 +654,8 @@ def regraft_node(key, state: BHMCState, z, config: BHMCConfig, level: int | None
         parent = state.parent.at[made].set(new_anc[jnp.maximum(levels - 1, 0)], mode="drop")
         parent = parent.at[z].set(new_anc[ell - 1])
         depth = state.depth.at[made].set(levels.astype(state.depth.dtype), mode="drop")
-        log_beta = lb.at[made].set(chain[jnp.clip(levels - d_new, 0, L - 1), branch_row[choice]], mode="drop")
+        log_beta = state.log_beta.at[made].set(chain[jnp.clip(levels - d_new, 0, L - 1), branch_row[choice]],
+                                               mode="drop")
         in_sub = state.paths[:, jnp.clip(ell - 1, 0, L - 1)] == z
         cols = jnp.arange(L)
         paths = jnp.where(in_sub[:, None] & (cols[None, :] < ell - 1), new_anc[1 + cols][None, :], state.paths)
@@ -665,8 +663,39 @@ def regraft_node(key, state: BHMCState, z, config: BHMCConfig, level: int | None
                               node_comp=node_comp)
 
     state = lax.cond(go, apply, lambda s: s, state)
+    return state, go, overflow
+
+
+def regraft_node(key, state: BHMCState, z, config: BHMCConfig, level: int | None = None
+                 ) -> tuple[BHMCState, jax.Array]:
+    """Gibbs draw of the place of node ``z``'s subtree (``z`` at depth ``ℓ ≥ 2``) given
+    everything else (docs/mathematics.md §6, "Subtree moves"): below any node at depth
+    ``ℓ − 1`` that keeps other points, or at the end of a new branch from any node above
+    (Neal's algorithm 8 with one auxiliary branch per node, drawn from the prior; the branch
+    that would vanish keeps its weights). A leaf's weights are integrated out and drawn
+    again given its new parent, ``Dir(γβ_parent + N_z)``. Returns the state and whether the
+    subtree moved. When a new branch finds no free node slot the state keeps its place and
+    ``overflow`` is set. ``level``: the depth of ``z`` when known when tracing (at depth 2
+    only the root starts new branches, so only its auxiliary branch is drawn)."""
+    L, M = config.depth, config.node_capacity
+    k_aux, k_choice, k_leaf = jax.random.split(key, 3)
+    nodes = jnp.arange(M)
+    ell = state.depth[z]
+    d = jnp.where(nodes == 0, 0, state.depth)
+    lb = state.log_beta
+    anc, count_minus, cur = _subtree_place(z, state, config)
+    root_only = level == 2  # the only node above depth 1 is the root
+    chain = _aux_branches(k_aux, lb[:1] if root_only else lb, state.gamma, config)  # (L, R, K + 1)
+    branch_row = jnp.zeros_like(nodes) if root_only else nodes
+    rows = jnp.where((d < ell - 1)[:, None], chain[jnp.clip(ell - 1 - d, 0, L - 1), branch_row], lb)
+    # rows: β_u below u, the end of u's auxiliary branch above
+    rows = rows.at[cur].set(lb[anc[ell - 1]])  # the present place keeps its weights
+    weights = regraft_log_weights(z, state, rows, config)
+    choice = jnp.argmax(weights + jax.random.gumbel(k_choice, (M,), lb.dtype))
+    state, go, overflow = _move_subtree(state, z, choice, cur, anc, count_minus, chain, branch_row, config)
     # a leaf's weights given its (new) parent
     cols = jnp.concatenate([state.comp_active, jnp.ones(1, bool)])
+    n_z = state.node_comp[z]
     n = jnp.concatenate([n_z, jnp.zeros(1, n_z.dtype)]).astype(lb.dtype)
     log_n = jnp.where(n > 0, jnp.log(jnp.maximum(n, 1.0)), -jnp.inf)
     parent_row = jnp.where(go, rows[choice], lb[anc[ell - 1]])
@@ -676,14 +705,90 @@ def regraft_node(key, state: BHMCState, z, config: BHMCConfig, level: int | None
     return state._replace(log_beta=log_beta, overflow=state.overflow | overflow), go
 
 
-def regraft(key, state: BHMCState, config: BHMCConfig) -> tuple[BHMCState, jax.Array]:
-    """Subtree moves (docs/mathematics.md §6, "Subtree moves"): from depth 2 down to the
-    leaves, every node of the level in a random order gets a Gibbs draw of its place
-    (:func:`regraft_node`), its whole subtree with it. Returns the state and the number of
-    subtrees moved."""
+def leaf_table_log_weights(z, state: BHMCState, tables, rows, config: BHMCConfig):
+    """Log weights of the places of leaf ``z`` given the leaves' table counts ``tables``
+    ``(M, K)`` (int, one row per leaf) with every leaves' parent's weights integrated out
+    (docs/mathematics.md §6, "Subtree moves"): :func:`regraft_log_prior` plus, with
+    ``m = tables[z]`` and ``T⁻_u`` the tables of ``u``'s other children (none for a new
+    parent), ``Σ_k log Γ(γβ_gk + T⁻_uk + m_k) − log Γ(γβ_gk + T⁻_uk)
+    + log Γ(γ + T⁻_u) − log Γ(γ + T⁻_u + Σm)``. ``rows`` ``(M, K + 1)``: the weights
+    ``β_g`` above the parent in each place (the parent's parent for an existing parent,
+    ``u`` for a new parent below ``u``, an auxiliary draw for a longer new branch)."""
     L, M = config.depth, config.node_capacity
+    ftype = state.log_beta.dtype
+    nodes = jnp.arange(M)
+    p = jnp.maximum(state.parent, 0)
+    leaf = (state.count > 0) & (state.depth == L)
+    m = tables[z]
+    T = jax.ops.segment_sum(jnp.where(leaf[:, None] & (nodes != z)[:, None], tables, 0), p, num_segments=M)
+    d = jnp.where(nodes == 0, 0, state.depth)
+    T = jnp.where((d == L - 1)[:, None], T, 0).astype(ftype)  # a new parent has no tables yet
+    floor = jnp.log(jnp.finfo(ftype).tiny)
+    a = state.gamma * jnp.exp(jnp.maximum(rows[:, :-1], floor))  # (M, K): active columns
+    used = state.comp_active & (m > 0)
+    mf = m.astype(ftype)
+    total = state.gamma * jnp.sum(jnp.exp(jnp.where(jnp.concatenate([state.comp_active, jnp.ones(1, bool)]),
+                                                    jnp.maximum(rows, floor), -jnp.inf)), -1)
+    lik = (jnp.sum(jnp.where(used, lax.lgamma(a + T + mf) - lax.lgamma(a + T), 0.0), -1)
+           + lax.lgamma(total + T.sum(-1)) - lax.lgamma(total + T.sum(-1) + mf.sum()))
+    prior = regraft_log_prior(z, state, config)
+    return jnp.where(prior > -jnp.inf, prior + lik, -jnp.inf)  # (rows of no candidate may give NaN)
+
+
+def regraft_leaves(key, state: BHMCState, tables, config: BHMCConfig) -> tuple[BHMCState, jax.Array]:
+    """Gibbs draw of every leaf's place, in a random order, given the leaves' table counts
+    with the parents' weights integrated out (:func:`leaf_table_log_weights`; inside the
+    exact ``β`` update, between the table draw and the parents' draw, which then use the
+    new tree). New branches longer than a parent take auxiliary weights drawn from the prior
+    (Neal's algorithm 8; a branch that would vanish keeps its weights); a new parent's weights
+    are drawn with the others' afterwards. Returns the state and the number of leaves moved."""
+    L, M = config.depth, config.node_capacity
+    nodes = jnp.arange(M)
+    k_order, k_rest = jax.random.split(key)
+    order = jax.random.permutation(k_order, M)
+    at = (state.count > 0) & (state.depth == L)
+    order = order[jnp.argsort(~at[order], stable=True)]
+    keys = jax.random.split(k_rest, M)
+
+    def one(key, state, z):
+        k_aux, k_choice = jax.random.split(key)
+        lb = state.log_beta
+        p = jnp.maximum(state.parent, 0)
+        d = jnp.where(nodes == 0, 0, state.depth)
+        anc, count_minus, cur = _subtree_place(z, state, config)
+        if L == 2:  # no branch longer than a parent: no auxiliary weights
+            chain, branch_row = jnp.stack([lb, lb]), nodes
+        else:  # at depth 3 only the root starts branches longer than a parent
+            chain = _aux_branches(k_aux, lb[:1] if L == 3 else lb, state.gamma, config)
+            branch_row = jnp.zeros_like(nodes) if L == 3 else nodes
+        aux = chain[jnp.clip(L - 2 - d, 0, L - 1), branch_row]
+        rows = jnp.where((d == L - 1)[:, None], lb[p], jnp.where((d == L - 2)[:, None], lb, aux))
+        rows = rows.at[cur].set(lb[anc[L - 2]])  # the present place keeps its weights
+        weights = leaf_table_log_weights(z, state, tables, rows, config)
+        choice = jnp.argmax(weights + jax.random.gumbel(k_choice, (M,), lb.dtype))
+        state, go, overflow = _move_subtree(state, z, choice, cur, anc, count_minus, chain, branch_row, config)
+        return state._replace(overflow=state.overflow | overflow), go
+
+    def body(i, carry):
+        state, total = carry
+        state, moved = lax.cond(state.overflow, lambda s: (s, jnp.bool_(False)),
+                                lambda s: one(keys[i], s, order[i]), state)
+        return state, total + moved.astype(jnp.int32)
+
+    return lax.fori_loop(0, jnp.sum(at), body, (state, jnp.zeros((), jnp.int32)))
+
+
+def regraft(key, state: BHMCState, config: BHMCConfig, last_level: int | None = None
+            ) -> tuple[BHMCState, jax.Array]:
+    """Subtree moves (docs/mathematics.md §6, "Subtree moves"): from depth 2 down to
+    ``last_level`` (default: the leaves), every node of the level in a random order gets a
+    Gibbs draw of its place (:func:`regraft_node`), its whole subtree with it. Returns the
+    state and the number of subtrees moved. (With the exact ``β`` update the leaves move
+    there instead, their parents' weights integrated out too: :func:`update_beta_exact`.)"""
+    last_level = config.depth if last_level is None else last_level
+    M = config.node_capacity
     total = jnp.zeros((), jnp.int32)
-    for level in range(2, L + 1):  # the nodes of a level stay those of the level while they move
+    for level in range(2, last_level + 1):  # a level's nodes stay those of the level while they move
         k_level = jax.random.fold_in(key, level)
         order = jax.random.permutation(k_level, M)
         at = (state.count > 0) & (state.depth == level)
@@ -759,6 +864,13 @@ def update_beta_exact(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
        ``β_z ~ Dir(γβ_parent + Σ_ℓ m_ℓ)`` (the root at depth 1: ``Dir(Σ_ℓ m_ℓ, γ0)``), then
        the leaves ``β_ℓ ~ Dir(γβ_z + N_ℓ, γβ*_z)``.
     """
+    return _update_beta_exact(key, state, config, move_leaves=False)[0]
+
+
+def _update_beta_exact(key, state: BHMCState, config: BHMCConfig, move_leaves: bool
+                       ) -> tuple[BHMCState, jax.Array]:
+    """:func:`update_beta_exact`, and with ``move_leaves`` the leaves' moves in between
+    (:func:`regraft_leaves`). Returns the state and the number of leaves moved."""
     K, L, M = config.component_capacity, config.depth, config.node_capacity
     ftype = state.log_beta.dtype
     gamma, gamma0 = state.gamma, state.gamma0
@@ -808,6 +920,11 @@ def update_beta_exact(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
     n_leaf = jnp.where(leaf[:, None] & state.comp_active[None, :], state.node_comp, 0)
     a_leaf = gamma * jnp.exp(lb[p, :K])
     tables = antoniak(k_tables, n_leaf, jnp.where(n_leaf > 0, a_leaf, 1.0))
+    num_moved = jnp.zeros((), jnp.int32)
+    if move_leaves and L >= 2:  # the leaves change parent given their tables (parents' β integrated)
+        state, num_moved = regraft_leaves(jax.random.fold_in(key, 7), state._replace(log_beta=lb), tables, config)
+        lb, live, p = state.log_beta, state.count > 0, jnp.maximum(state.parent, 0)
+        leaf = live & (state.depth == L)
     tables = jax.ops.segment_sum(tables, p, num_segments=M).astype(ftype)  # at each parent
     mid = live & (state.depth == L - 1)
     log_t = jnp.where(tables > 0, jnp.log(jnp.maximum(tables, 1.0)), -jnp.inf)
@@ -823,7 +940,7 @@ def update_beta_exact(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
     conc_leaf = jnp.where(cols, jnp.logaddexp(jnp.log(gamma) + lb[p], log_n), -jnp.inf)
     lb = jnp.where(leaf[:, None], _log_dirichlet(k_leaf, conc_leaf), lb)
     lb = jnp.where(live[:, None], lb, -jnp.inf)
-    return state._replace(log_beta=lb)
+    return state._replace(log_beta=lb), num_moved
 
 
 def update_theta(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> BHMCState:
@@ -935,10 +1052,15 @@ def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tupl
 
     state, num_accepted = lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.int32)))
     num_regrafted = jnp.zeros((), jnp.int32)
+    leaves_in_beta = config.update_beta and config.beta_rule == "exact"  # moved there, collapsed
     if config.regraft and config.depth >= 2:
-        state, num_regrafted = regraft(k_regraft, state, config)
-    if config.update_beta:
-        state = (update_beta_exact if config.beta_rule == "exact" else update_beta)(k_beta, state, config)
+        state, num_regrafted = regraft(k_regraft, state, config,
+                                       config.depth - 1 if leaves_in_beta else config.depth)
+    if leaves_in_beta:
+        state, num_leaves_moved = _update_beta_exact(k_beta, state, config, move_leaves=config.regraft)
+        num_regrafted = num_regrafted + num_leaves_moved
+    elif config.update_beta:
+        state = update_beta(k_beta, state, config)
     state = update_theta(k_theta, state, X, model, config)
     hyper_accepted = jnp.zeros(3, bool)
     if config.update_hyper:
