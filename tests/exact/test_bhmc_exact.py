@@ -358,6 +358,28 @@ def _tree_state(paths, c, depth, seed=3, K=6, M=24):
     return state, config, hyper
 
 
+def _places(state, z, config):
+    """Every place of ``z``'s subtree, rebuilt from the paths: ``(u, d_u, new_paths, new
+    branch ids)`` with ``u`` the candidate slot (below ``u``, or a new branch from ``u``; new
+    node ids from 900)."""
+    paths = np.asarray(state.paths)
+    count, depth_arr = np.asarray(state.count), np.asarray(state.depth)
+    ell = int(depth_arr[z])
+    in_sub = paths[:, ell - 1] == z
+    others = paths[~in_sub]
+    for u in range(config.node_capacity):
+        if u != 0 and (count[u] == 0 or depth_arr[u] > ell - 1):
+            continue
+        d_u = 0 if u == 0 else int(depth_arr[u])
+        if u != 0 and not np.any(others[:, d_u - 1] == u):
+            continue  # only the subtree's own points pass through u
+        prefix = [] if u == 0 else list(paths[np.flatnonzero(paths[:, d_u - 1] == u)[0], :d_u])
+        branch = [900 + j for j in range(ell - 1 - d_u)]  # a new branch
+        new = paths.copy()
+        new[in_sub, : ell - 1] = prefix + branch
+        yield u, d_u, new, branch
+
+
 def _brute_regraft_log_weights(state, z, rows, hyper, config):
     """Every place of ``z``'s subtree by rebuilding the paths: log p(V') by the path prior of
     docs/mathematics.md §6 (not the sampler's block formula) plus the subtree's factor given
@@ -365,29 +387,16 @@ def _brute_regraft_log_weights(state, z, rows, hyper, config):
     node: the Dirichlet density of its weights), both in float64 NumPy/SciPy."""
     from scipy.special import gammaln
 
-    paths = np.asarray(state.paths)
-    count, depth_arr = np.asarray(state.count), np.asarray(state.depth)
-    L, M = config.depth, config.node_capacity
-    ell = int(depth_arr[z])
+    L = config.depth
+    ell = int(np.asarray(state.depth)[z])
     rows = np.asarray(rows, np.float64)
     active = np.asarray(state.comp_active)
     cols = np.r_[active, True]
     n_z = np.r_[np.asarray(state.node_comp)[z], 0][cols].astype(float)
     floor = np.log(np.finfo(np.asarray(state.log_beta).dtype).tiny)  # an underflowed weight: tiny
     log_beta_z = np.maximum(np.asarray(state.log_beta, np.float64)[z], floor)[cols]
-    in_sub = paths[:, ell - 1] == z
-    others = paths[~in_sub]
     out = {}
-    for u in range(M):
-        if u != 0 and (count[u] == 0 or depth_arr[u] > ell - 1):
-            continue
-        d_u = 0 if u == 0 else int(depth_arr[u])
-        if u != 0 and not np.any(others[:, d_u - 1] == u):
-            continue  # only the subtree's own points pass through u
-        prefix = [] if u == 0 else list(paths[np.flatnonzero(paths[:, d_u - 1] == u)[0], :d_u])
-        prefix += [900 + j for j in range(ell - 1 - d_u)]  # a new branch
-        new = paths.copy()
-        new[in_sub, : ell - 1] = prefix
+    for u, _, new, _ in _places(state, z, config):
         log_v = float(path_log_prior(jnp.asarray(new), hyper.alpha, 1000))
         a = hyper.gamma * np.exp(np.maximum(rows[u], floor))[cols]
         if ell == L:
@@ -473,35 +482,21 @@ def _brute_leaf_table_log_weights(state, z, tables, rows, hyper, config):
     counts under ``γβ_g`` (its parent's weights, or ``rows`` for the place's own parent)."""
     from scipy.special import gammaln
 
-    paths = np.asarray(state.paths)
-    count, depth_arr, parent = (np.asarray(a) for a in (state.count, state.depth, state.parent))
-    L, M = config.depth, config.node_capacity
+    parent = np.asarray(state.parent)
+    L = config.depth
     rows = np.asarray(rows, np.float64)
     lb = np.asarray(state.log_beta, np.float64)
     floor = np.log(np.finfo(np.asarray(state.log_beta).dtype).tiny)
     active = np.asarray(state.comp_active)
     tables = np.asarray(tables)
-    in_sub = paths[:, L - 1] == z
-    others = paths[~in_sub]
     out = {}
-    for u in range(M):
-        if u != 0 and (count[u] == 0 or depth_arr[u] > L - 1):
-            continue
-        d_u = 0 if u == 0 else int(depth_arr[u])
-        if u != 0 and not np.any(others[:, d_u - 1] == u):
-            continue
-        prefix = [] if u == 0 else list(paths[np.flatnonzero(paths[:, d_u - 1] == u)[0], :d_u])
-        prefix += [900 + j for j in range(L - 1 - d_u)]
-        new = paths.copy()
-        new[in_sub, : L - 1] = prefix
+    for u, d_u, new, branch in _places(state, z, config):
         total = float(path_log_prior(jnp.asarray(new), hyper.alpha, 1000))
         for par in np.unique(new[:, L - 2]):  # every parent of leaves in the new tree
             kids = np.unique(new[new[:, L - 2] == par, L - 1])
             T = sum(tables[k] for k in kids)[active].astype(float)
-            if par == (prefix[-1] if prefix else None) and (d_u < L - 1):
-                g = rows[u]  # the new parent: its parent's weights are the place's row
-            elif par == (u if d_u == L - 1 else None):
-                g = rows[u]
+            if (branch and par == branch[-1]) or (not branch and par == u):
+                g = rows[u]  # the place's parent: the weights above it are the place's row
             else:
                 g = lb[parent[par]] if L > 1 else lb[0]
             a = hyper.gamma * np.exp(np.maximum(g, floor))[:-1][active]
