@@ -130,14 +130,14 @@ def oracle_labels(paths, c, leaf_w):
     return np.stack(out, axis=1)
 
 
-def simulate(depth, branching, per_leaf, gamma, seed, gamma0=3.0, grid=True):
+def simulate(depth, branching, per_leaf, gamma, seed, gamma0=3.0, grid=True, alpha=1.0):
     """Points from ``nested_hdp_model`` conditioned on a balanced tree and on weights that
     make every level identifiable (:func:`identifiable_weights`) and, with ``grid``, on the
     components' means (a grid 3 apart, so that no two components overlap: two components
     with close means merge, and so do the leaves they name); the components and points (and
     without ``grid`` the means) are drawn by the program."""
     paths = tree_paths(depth, branching, per_leaf)
-    hyper = nested.NestedHDP(depth=depth, alpha=1.0, gamma0=gamma0, gamma=gamma, Sigma=0.05 * np.eye(2),
+    hyper = nested.NestedHDP(depth=depth, alpha=alpha, gamma0=gamma0, gamma=gamma, Sigma=0.05 * np.eye(2),
                              Sigma0=25.0 * np.eye(2), mu0=np.zeros(2))
     cap = int(paths.max()) + 1
     K = 64
@@ -172,6 +172,7 @@ def main():
     ap.add_argument("--per-leaf", type=int, default=30)
     ap.add_argument("--gamma", type=float, default=1.0)
     ap.add_argument("--gamma0", type=float, default=3.0)
+    ap.add_argument("--alpha", type=float, default=1.0)
     ap.add_argument("--samplers", nargs="+", default=["default", "gibbs+ward"])
     ap.add_argument("--chains", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=200)
@@ -185,7 +186,7 @@ def main():
     rows = []
     for depth in args.depths:
         sim, hyper, _ = simulate(depth, args.branching, args.per_leaf, args.gamma, args.seed,
-                                   args.gamma0)
+                                   args.gamma0, alpha=args.alpha)
         X, truth = sim["x"], sim["paths"]
         ll_true = true_log_lik(sim, hyper, depth)
         samplers = {"default": {}, "gibbs+ward": dict(regraft=False),
@@ -222,7 +223,7 @@ def main():
     lines = ["# BHMC on data simulated from the BHMC program (known tree)", "",
              f"Command: `{cmd}`. {info['cpu_model']}, {info['cpu_count']} CPUs, {info['jax_backend']}, "
              f"{info['dtype']}. Run {utc_now()}. Balanced tree, {args.branching} children per node, "
-             f"{args.per_leaf} points per leaf, γ = {args.gamma}, γ0 = {args.gamma0}, α = 1, Σ = 0.05 I, Σ0 = 25 I "
+             f"{args.per_leaf} points per leaf, γ = {args.gamma}, γ0 = {args.gamma0}, α = {args.alpha}, Σ = 0.05 I, Σ0 = 25 I "
              f"(the fits use the true values). {args.chains} chains x ({args.warmup} warm-up + "
              f"{args.samples}) sweeps, node capacity {args.node_capacity or 'fit_bhmc default (grows from 64)'}, component capacity "
              f"{args.component_capacity}. Summary: the partition of each level's nodes minimising the "

@@ -1432,8 +1432,8 @@ def fit_bhmc(
 
     Defaults from the data: ``mu0`` the mean of ``X``, ``Sigma0`` the diagonal
     of its variances, ``Sigma = Sigma0 / 20``. ``node_capacity=None`` (default) starts with
-    64 node slots (more if the start needs them) and doubles them, running again from the
-    start, whenever a chain runs out, up to ``N L + L + 1`` (which cannot run out: a step
+    64 node slots (more with Ward's start: four times its nodes) and doubles them, running
+    again from the start, whenever a chain runs out, up to ``N L + L + 1`` (which cannot run out: a step
     scores every slot, so a small capacity is faster); an integer fixes it.
     ``component_capacity`` defaults to ``min(N, 64)``; running out of a fixed capacity
     raises :class:`CapacityError` naming the option. Validation
@@ -1496,8 +1496,8 @@ def fit_bhmc(
         k = min(K, max(2, int(round(math.sqrt(n / 2)))))
         while k > 1 and 1 + sum(round(k ** (lv / depth)) for lv in range(1, depth + 1)) > M_most:
             k -= 1
-        while 2 * (1 + sum(round(k ** (lv / depth)) for lv in range(1, depth + 1))) > M < M_most:
-            M = min(2 * M, M_most)  # room for the start's nodes and as many again
+        while 4 * (1 + sum(round(k ** (lv / depth)) for lv in range(1, depth + 1))) > M < M_most:
+            M = min(2 * M, M_most)  # room for the start's nodes and three times as many again
         paths0, c0 = ward_start(Xn, depth, k)
         start = (jnp.asarray(paths0), jnp.asarray(c0))
         if num_chains > 1:
