@@ -9,8 +9,15 @@ XLA's defaults.
 The library's own default dtype is JAX's default (float32); the main job's
 subprocess test runs in float32. The persistent compilation cache is off
 (``JAXBNP_COMPILATION_CACHE=0``) except in the tests of the cache itself.
+
+After each test file, JAX's compiled programs are dropped (``jax.clear_caches``): XLA:CPU
+maps about 19 memory regions per compiled program and frees them only with the program, so
+a worker that kept every file's programs grew by some 7,000 regions a minute and, late in
+the suite, reached Linux's limit of 65,530 (``vm.max_map_count``), where the next
+compilation crashed the worker (segmentation fault in ``backend_compile_and_load``).
 """
 
+import gc
 import os
 
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
@@ -20,5 +27,15 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4 " +
 os.environ["JAXBNP_COMPILATION_CACHE"] = "0"
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _drop_compiled_programs():
+    """Free the file's compiled programs (and the memory maps XLA holds for them) once its
+    tests and module fixtures are done."""
+    yield
+    jax.clear_caches()
+    gc.collect()
