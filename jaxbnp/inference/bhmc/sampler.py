@@ -91,8 +91,8 @@ from jax.scipy.special import logsumexp
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from ..._random import log_beta_pair, log_dirichlet
 from ..._cache import auto_enable
+from ..._random import log_beta_pair, log_dirichlet
 from ..._validation import check_data, check_int
 from ...errors import CapacityError
 from ...models.nested import (
@@ -116,17 +116,17 @@ __all__ = [
     "BHMCState",
     "HyperInfo",
     "PointInfo",
+    "antoniak",
     "complete_log_likelihood",
     "fit_bhmc",
     "init",
     "init_from",
-    "ward_start",
     "labels_at_level",
+    "leaf_table_log_weights",
     "log_acceptance",
     "make_model",
     "path_gibbs",
     "point_update",
-    "leaf_table_log_weights",
     "regraft",
     "regraft_leaves",
     "regraft_log_prior",
@@ -136,9 +136,9 @@ __all__ = [
     "step",
     "update_beta",
     "update_beta_exact",
-    "antoniak",
     "update_hyperparameters",
     "update_theta",
+    "ward_start",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -300,6 +300,25 @@ def log_acceptance(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back):
 
 
 # ------------------------------------------------------------------------------ point update
+def _ancestors(node, p, L: int):
+    """``(L + 1,)``: ``node`` and the nodes 1, ..., L levels above it (``p`` the parents with
+    the root its own parent, so the root repeats once reached)."""
+    up = [node]
+    for _ in range(L):
+        up.append(p[up[-1]])
+    return jnp.stack(up)
+
+
+def _reach(step_lp, p, L: int):
+    """Sum of ``step_lp`` along each node's path from the root (the root's entry is 0), one
+    gather per level."""
+    nodes = jnp.arange(step_lp.shape[0])
+    reach = jnp.zeros_like(step_lp)
+    for _ in range(L):
+        reach = jnp.where(nodes == 0, 0.0, reach[p] + step_lp)
+    return reach
+
+
 def path_gibbs(key, parent, depth, old, count_minus, log_beta, logf, logf_star, alpha, gamma,
                config: BHMCConfig):
     """Exact Gibbs draw of one point's path given the others (docs/mathematics.md §6).
@@ -333,9 +352,7 @@ def path_gibbs(key, parent, depth, old, count_minus, log_beta, logf, logf_star, 
     # log nCRP probability of reaching each node: one gather per level
     step_lp = (jnp.log(jnp.maximum(count_minus, 1).astype(ftype))
                - jnp.log(count_minus[p].astype(ftype) + alpha))
-    reach = jnp.zeros(M, ftype)
-    for _ in range(L):
-        reach = jnp.where(nodes == 0, 0.0, reach[p] + step_lp)
+    reach = _reach(step_lp, p, L)
     lik = jnp.logaddexp(logsumexp(log_beta[:, :K] + logf, axis=1), log_beta[:, K] + logf_star)
     is_leaf = depth == L
     branch = jnp.where(is_leaf, 0.0, jnp.log(alpha) - jnp.log(count_minus.astype(ftype) + alpha))
@@ -343,10 +360,7 @@ def path_gibbs(key, parent, depth, old, count_minus, log_beta, logf, logf_star, 
     choice = jnp.argmax(score + jax.random.gumbel(k_path, (M,), ftype))
     d_choice = jnp.where(choice == 0, 0, depth[choice])
     # ancestors of the choice: anc[l] = its ancestor at depth l (l <= d_choice)
-    up = [choice]
-    for _ in range(L):
-        up.append(p[up[-1]])
-    up = jnp.stack(up)  # up[i]: i levels above the choice
+    up = _ancestors(choice, p, L)  # up[i]: i levels above the choice
     levels = jnp.arange(L + 1)
     anc = up[jnp.clip(d_choice - levels, 0, L)]
     free = jnp.nonzero((count_minus == 0) & (nodes > 0), size=L, fill_value=M)[0]
@@ -543,10 +557,7 @@ def _subtree_place(z, state: BHMCState, config: BHMCConfig):
     levels = jnp.arange(L + 1)
     p = jnp.maximum(state.parent, 0)
     ell = state.depth[z]
-    up = [z]
-    for _ in range(L):
-        up.append(p[up[-1]])
-    anc = jnp.stack(up)[jnp.clip(ell - levels, 0, L)]  # anc[d]: the ancestor at depth d < ell
+    anc = _ancestors(z, p, L)[jnp.clip(ell - levels, 0, L)]  # anc[d]: the ancestor at depth d < ell
     above = jnp.zeros(M, bool).at[jnp.where(levels < ell, anc, M)].set(True, mode="drop")
     count_minus = state.count - jnp.where(above, state.count[z], 0)
     keeps = (count_minus[anc] > 0) | (levels == 0)
@@ -594,9 +605,7 @@ def regraft_log_prior(z, state: BHMCState, config: BHMCConfig):
     cmp = cm[p]
     step_lp = (lax.lgamma(jnp.maximum(cm, 1.0) + sf) - lax.lgamma(jnp.maximum(cm, 1.0))
                + lax.lgamma(cmp + alpha) - lax.lgamma(cmp + alpha + sf))
-    reach = jnp.zeros(M, ftype)
-    for _ in range(L):
-        reach = jnp.where(nodes == 0, 0.0, reach[p] + step_lp)
+    reach = _reach(step_lp, p, L)
 
     def log_t(n):
         return jnp.log(alpha) + lax.lgamma(sf) + lax.lgamma(n + alpha) - lax.lgamma(n + alpha + sf)
@@ -633,10 +642,7 @@ def _move_subtree(state: BHMCState, z, choice, cur, anc, count_minus, chain, bra
     s, n_z = state.count[z], state.node_comp[z]
     d_new = d[choice]
     # the new ancestors by depth: those of the choice, then free slots for a new branch
-    up = [choice]
-    for _ in range(L):
-        up.append(jnp.maximum(state.parent, 0)[up[-1]])
-    up = jnp.stack(up)
+    up = _ancestors(choice, jnp.maximum(state.parent, 0), L)
     free = jnp.nonzero((count_minus == 0) & (nodes > 0), size=L, fill_value=M)[0]
     new_level = (levels > d_new) & (levels < ell)
     slots = free[jnp.clip(levels - d_new - 1, 0, L - 1)]
