@@ -1,5 +1,13 @@
 """Benchmark: Dirichlet diffusion trees, vectorised chains and population MCMC (issue #5, docs/mathematics.md §5).
 
+0. Sweep time against n (issue #23): one chain's ``step`` (``n`` subtree moves,
+   ``n − 1`` time moves, slice updates of ``c`` and ``σ``) with the moves' data
+   term kept up to date along the two root paths a move changes (the library's
+   sampler, O(depth D) per move) against the same sweep with the data term
+   recomputed by a full upward pass per move (the sampler before, O(n D) per
+   move; swapped in here). The full-pass sweep is timed where it takes under a
+   minute and otherwise extrapolated from the time of its moves (a timed batch of
+   subtree moves, times 2n − 1), marked as such. Beside it the tree's depth.
 1. Throughput of the within-chain sampler (``jaxbnp.inference.trees.mcmc.step``:
    ``n`` subtree moves, ``n − 1`` time moves, slice updates of ``c`` and ``σ``)
    for 1, 2, 4, …, 256 chains in one ``jax.jit(jax.vmap(step))`` program:
@@ -33,6 +41,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +128,103 @@ def top_split_is_right(tree, truth) -> bool:
 
     sides = [set(pair[leaves(int(ch))]) for ch in children[root - n]]
     return all(len(s) == 1 for s in sides) and sides[0] != sides[1]
+
+
+# ------------------------------------------------------------------------------ part 0
+def _full_pass_metropolis(X):
+    """The moves' acceptance step as it was before issue #23: the proposal's data term and
+    subtree sizes from a full upward pass (O(n D), n sequential steps)."""
+    def metropolis(state, msg, proposal, sizes, root, starts, log_q_ratio, valid, log_u):
+        new_msg, sizes = ddt.tree_messages(proposal, X, state.sigma, state.noise)
+        ll = ddt.messages_log_likelihood(proposal, new_msg, ddt.root_of(proposal), state.sigma)
+        lp = ddt.structure_log_prior(proposal, state.c, sizes)
+        log_r = (lp + ll) - (state.log_prior + state.log_likelihood) + log_q_ratio
+        ok = valid & (log_u < log_r)
+        new = state._replace(tree=proposal, log_prior=lp, log_likelihood=ll, sizes=sizes)
+        return ddt_mcmc.select_state(ok, (new, new_msg), (state, msg)), ok
+
+    return metropolis
+
+
+def _tree_depth(tree) -> tuple[int, float]:
+    """The deepest leaf's number of ancestors and the leaves' mean."""
+    parent = np.asarray(tree.parent)
+    n = (parent.shape[0] + 1) // 2
+    depth = np.zeros(parent.shape[0], int)
+    order = np.argsort(np.asarray(tree.time))  # parents (earlier times) first
+    for v in order:
+        if parent[v] >= 0:
+            depth[v] = depth[parent[v]] + 1
+    return int(depth[:n].max()), float(depth[:n].mean())
+
+
+def _subtree_moves(X, count, key, state):
+    """``count`` subtree moves alone, through the sampler's own acceptance step."""
+    n = X.shape[0]
+
+    def body(i, carry):
+        k_u, k_a = jax.random.split(jax.random.fold_in(key, i))
+        tree, log_q, valid, sizes, root, starts = ddt_mcmc._subtree_proposal(
+            jax.random.uniform(k_u, (n + 1, 2), X.dtype), carry[0])
+        log_u = jnp.log(jax.random.uniform(k_a, (), X.dtype))
+        return ddt_mcmc._metropolis(carry[0], carry[1], tree, sizes, root, starts, log_q, valid, log_u)[0]
+
+    msg, _ = ddt.tree_messages(state.tree, X, state.sigma, state.noise)
+    return jax.lax.fori_loop(0, count, body, (state, msg))[0]
+
+
+def sweep_time(sizes, full_limit_s=60.0, warm_sweeps=3, seed=0):
+    """One chain, float32, D = 2, the four-group data; the tree after ``warm_sweeps``
+    sweeps from the prior (so the depth is a fitted tree's)."""
+    rows = []
+    for n in sizes:
+        X, _ = grouped_data(seed, n // 4)
+        hyper = hyperpriors(X)
+        noise = NOISE_FRACTION * float(X.std())
+        Xj = jnp.asarray(X, jnp.result_type(float))
+        state = jax.tree.map(lambda a: a[0], prior_states(jax.random.key(seed), X, 1, hyper, noise))
+        row = {"n": int(X.shape[0])}
+        original = ddt_mcmc._metropolis
+        for name in ("incremental", "full_pass"):
+            if name == "full_pass":
+                ddt_mcmc._metropolis = _full_pass_metropolis(Xj)
+            try:
+                run = jax.jit(lambda k, s: ddt_mcmc.step(k, s, Xj, hyper)[0])
+                moves = jax.jit(partial(_subtree_moves, Xj, 64))
+                t0 = time.perf_counter()
+                jax.block_until_ready(moves(jax.random.key(2), state))
+                row[f"{name}_moves_compile_s"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                jax.block_until_ready(moves(jax.random.key(3), state))
+                per_move = (time.perf_counter() - t0) / 64
+                row[f"{name}_ms_per_subtree_move"] = 1e3 * per_move
+                estimate = (2 * X.shape[0] - 1) * per_move
+                if name == "full_pass" and estimate > full_limit_s:
+                    row[f"{name}_sweep_s"] = estimate
+                    row[f"{name}_sweep_extrapolated"] = True
+                    continue
+                t0 = time.perf_counter()
+                s = jax.block_until_ready(run(jax.random.key(1), state))
+                row[f"{name}_compile_and_first_sweep_s"] = time.perf_counter() - t0
+                if name == "incremental":
+                    for i in range(warm_sweeps):
+                        s = run(jax.random.key(10 + i), s)
+                    state = jax.block_until_ready(s)
+                    row["max_depth"], row["mean_depth"] = _tree_depth(state.tree)
+                t0 = time.perf_counter()
+                jax.block_until_ready(run(jax.random.key(99), state))
+                row[f"{name}_sweep_s"] = time.perf_counter() - t0
+                row[f"{name}_sweep_extrapolated"] = False
+            finally:
+                ddt_mcmc._metropolis = original
+        row["speedup"] = row["full_pass_sweep_s"] / row["incremental_sweep_s"]
+        rows.append(row)
+        print(f"  n {row['n']:6d}: incremental {row['incremental_sweep_s']:8.3f} s/sweep "
+              f"({row['incremental_ms_per_subtree_move']:.3f} ms/move), full pass "
+              f"{row['full_pass_sweep_s']:8.2f} s/sweep{' (extrapolated)' if row['full_pass_sweep_extrapolated'] else ''} "
+              f"({row['full_pass_ms_per_subtree_move']:.3f} ms/move), {row['speedup']:.0f}x; depth max "
+              f"{row['max_depth']}, mean {row['mean_depth']:.1f}", flush=True)
+    return {"dim": 2, "dtype": str(jnp.result_type(float)), "rows": rows}
 
 
 # ------------------------------------------------------------------------------ part 1
@@ -250,6 +356,31 @@ def write_markdown(res: dict, path: Path) -> None:
         f"{m['jax_backend']}, dtype {m['dtype']}; load average at start {m['load_average']}. "
         f"Mode: {res['mode']}. Run {res['date']}. No GPU was lent to this task, so there are no GPU rows.",
         "",
+        "## 0. Sweep time against n: moves that update the data term along two root paths vs a full pass",
+        "",
+        "One chain, one sweep = n subtree moves + (n − 1) time moves + slice updates of c and σ "
+        f"(dtype {res['sweeps']['dtype']}, D = 2, four groups; tree after three sweeps from a prior draw). "
+        "Full pass: the same sampler with each move's data term recomputed by an upward pass over "
+        "the whole tree (the code before issue #23). Compile excluded.",
+        "",
+        "| n | sweep, incremental (s) | sweep, full pass (s) | ratio | ms per subtree move, incremental | ms per subtree move, full pass | tree depth (max / mean) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in res["sweeps"]["rows"]:
+        mark = " (extrapolated)" if row["full_pass_sweep_extrapolated"] else ""
+        lines.append(f"| {row['n']} | {row['incremental_sweep_s']:.3f} | {row['full_pass_sweep_s']:.3f}{mark} | "
+                     f"{row['speedup']:.0f}× | {row['incremental_ms_per_subtree_move']:.3f} | "
+                     f"{row['full_pass_ms_per_subtree_move']:.3f} | {row['max_depth']} / {row['mean_depth']:.1f} |")
+    lines += [
+        "",
+        "Extrapolated: 2n − 1 moves at the timed cost of a full-pass subtree move (a time move costs "
+        "the same pass).",
+    ]
+    if "throughput" not in res:
+        write_lines(path, lines)
+        return
+    lines += [
+        "",
         f"## 1. Within-chain sampler, `jit(vmap(ddt_mcmc.step))`, n = {res['throughput']['num_points']} points, D = 2",
         "",
         "One step = n subtree moves + (n − 1) time moves + slice updates of c and σ. Compile excluded.",
@@ -306,6 +437,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer chain counts and shorter runs")
     parser.add_argument("--out", default=str(RESULTS), help="folder for ddt.json and ddt.md")
+    parser.add_argument("--sweep-sizes", type=int, nargs="*", default=None,
+                        help="n for part 0 (default 32 128 512 1300 4096 10000; --quick 32 128 512)")
+    parser.add_argument("--only-sweeps", action="store_true",
+                        help="run part 0 alone (writes ddt_sweeps.json and ddt_sweeps.md)")
     args = parser.parse_args(argv)
     if args.quick:
         counts, repeats, seconds, runs = [1, 4, 16, 64], 2, 4.0, 2
@@ -313,15 +448,20 @@ def main(argv=None):
         counts, repeats, seconds, runs = [1, 2, 4, 8, 16, 32, 64, 128, 256], 3, 10.0, 5
     res = {"mode": "quick" if args.quick else "default", "machine": machine_info(),
            "date": utc_now()}
-    print("1. throughput of vmapped chains", flush=True)
-    res["throughput"] = throughput(counts, n_points=32, repeats=repeats)
-    print("2. population vs independent chains at equal wall time", flush=True)
-    res["population"] = population_vs_independent(num_chains=8, per_group=8, subset_size=4,
-                                                   seconds=seconds, repeats=runs)
+    sizes = args.sweep_sizes or ([32, 128, 512] if args.quick else [32, 128, 512, 1300, 4096, 10000])
+    print("0. sweep time against n", flush=True)
+    res["sweeps"] = sweep_time(sizes)
+    if not args.only_sweeps:
+        print("1. throughput of vmapped chains", flush=True)
+        res["throughput"] = throughput(counts, n_points=32, repeats=repeats)
+        print("2. population vs independent chains at equal wall time", flush=True)
+        res["population"] = population_vs_independent(num_chains=8, per_group=8, subset_size=4,
+                                                       seconds=seconds, repeats=runs)
     out = Path(args.out)
-    write_json(out / "ddt.json", res, indent=2)
-    write_markdown(res, out / "ddt.md")
-    print(f"wrote {out / 'ddt.json'} and {out / 'ddt.md'}")
+    stem = "ddt_sweeps" if args.only_sweeps else "ddt"
+    write_json(out / f"{stem}.json", res, indent=2)
+    write_markdown(res, out / f"{stem}.md")
+    print(f"wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ __all__ = [
     "log_divergence", "cumulative_divergence", "harmonic_numbers",
     "bottom_up_order", "subtree_sizes", "ancestor_mask",
     "structure_log_prior", "log_likelihood", "log_joint_terms", "log_joint_terms_and_sizes",
+    "Messages", "tree_messages", "messages_log_likelihood", "refresh_messages",
     "divergence_covariance", "sample_attachment", "descend", "log_attachment_density",
     "attach", "detach", "sample_tree", "sample_leaves",
     "cut_tree", "to_linkage",
@@ -257,8 +258,37 @@ def structure_log_prior(tree: Tree, c: jax.Array, sizes: jax.Array | None = None
 
 
 # ------------------------------------------------------------------------------ data term
+def _combine(mu_a, var_a, t_a, mu_b, var_b, t_b, t_v, sig2):
+    """Message of a node at time ``t_v`` from its children's ``(mean, variance, time)``:
+    ``(mean, variance, log term)``, the term the log density of the children's difference
+    (docs/mathematics.md §5, "Data term")."""
+    va = var_a + sig2 * (t_a - t_v)
+    vb = var_b + sig2 * (t_b - t_v)
+    s = va + vb
+    diff = mu_a - mu_b
+    term = -0.5 * mu_a.shape[-1] * (_LOG_2PI + jnp.log(s)) - 0.5 * jnp.sum(diff * diff, -1) / s
+    return (mu_a * vb + mu_b * va) / s, va * vb / s, term
+
+
+def _root_term(mu, var, t, sig2):
+    """Log density of the root's message under the Brownian motion from 0 at time 0."""
+    v = var + sig2 * t
+    return -0.5 * mu.shape[-1] * (_LOG_2PI + jnp.log(v)) - 0.5 * jnp.sum(mu * mu, -1) / v
+
+
+class Messages(NamedTuple):
+    """The Gaussian messages of a tree's nodes given the data below them (docs/mathematics.md
+    §5, "Data term"): ``mean`` ``(2n−1, D)``, ``var`` ``(2n−1,)`` (the leaves' are the data and
+    the noise variance) and each internal node's log term ``term`` ``(n−1,)``; the data term
+    is ``Σ term`` plus the root's term (:func:`messages_log_likelihood`)."""
+
+    mean: jax.Array
+    var: jax.Array
+    term: jax.Array
+
+
 def _upward_pass(tree, X, sigma, noise, order, root, active):
-    """Gaussian messages up the tree: ``(log p(X), sizes)``; internal nodes with
+    """Gaussian messages up the tree: ``(log p(X), sizes, messages)``; internal nodes with
     ``active = False`` (detached) are computed but not counted."""
     n = num_leaves(tree)
     dtype = jnp.result_type(tree.time.dtype, X.dtype)
@@ -269,27 +299,68 @@ def _upward_pass(tree, X, sigma, noise, order, root, active):
     time = tree.time.astype(dtype)
     mu = jnp.zeros((2 * n - 1, d), dtype).at[:n].set(X)
     var = jnp.full((2 * n - 1,), var_leaf, dtype)
+    terms = jnp.zeros(n - 1, dtype)
     sizes = jnp.zeros(2 * n - 1, jnp.int32).at[:n].set(1)
 
     def body(j, carry):
-        mu, var, sizes, ll = carry
+        mu, var, terms, sizes, ll = carry
         v = order[j]
         a, b = tree.children[v - n, 0], tree.children[v - n, 1]
-        va = var[a] + sig2 * (time[a] - time[v])
-        vb = var[b] + sig2 * (time[b] - time[v])
-        s = va + vb
-        diff = mu[a] - mu[b]
-        term = -0.5 * d * (_LOG_2PI + jnp.log(s)) - 0.5 * jnp.sum(diff * diff) / s
+        mean_v, var_v, term = _combine(mu[a], var[a], time[a], mu[b], var[b], time[b], time[v], sig2)
         ll = ll + jnp.where(active[v - n], term, 0.0)
-        mu = mu.at[v].set((mu[a] * vb + mu[b] * va) / s)
-        var = var.at[v].set(va * vb / s)
-        sizes = sizes.at[v].set(sizes[a] + sizes[b])
-        return mu, var, sizes, ll
+        return (mu.at[v].set(mean_v), var.at[v].set(var_v), terms.at[v - n].set(term),
+                sizes.at[v].set(sizes[a] + sizes[b]), ll)
 
-    mu, var, sizes, ll = lax.fori_loop(0, n - 1, body, (mu, var, sizes, jnp.zeros((), dtype)))
-    v_root = var[root] + sig2 * time[root]
-    ll = ll - 0.5 * d * (_LOG_2PI + jnp.log(v_root)) - 0.5 * jnp.sum(mu[root] ** 2) / v_root
-    return ll, sizes
+    mu, var, terms, sizes, ll = lax.fori_loop(0, n - 1, body, (mu, var, terms, sizes, jnp.zeros((), dtype)))
+    ll = ll + _root_term(mu[root], var[root], time[root], sig2)
+    return ll, sizes, Messages(mu, var, terms)
+
+
+def tree_messages(tree: Tree, X, sigma, noise):
+    """``(messages, sizes)`` of a complete tree by one upward pass (:class:`Messages`); not
+    jitted: the samplers call it inside their own programs."""
+    _, sizes, msg = _upward_pass(tree, X, sigma, noise, bottom_up_order(tree), root_of(tree),
+                                 jnp.ones(num_leaves(tree) - 1, bool))
+    return msg, sizes
+
+
+def messages_log_likelihood(tree: Tree, msg: Messages, root, sigma):
+    """The data term from a tree's messages: every internal node's term plus the root's."""
+    dtype = msg.var.dtype
+    sig2 = jnp.asarray(sigma, dtype) ** 2
+    return jnp.sum(msg.term) + _root_term(msg.mean[root], msg.var[root], tree.time[root].astype(dtype), sig2)
+
+
+def refresh_messages(tree: Tree, msg: Messages, starts, sigma):
+    """Recompute the messages of the nodes at and above ``starts`` (``(k,)`` node indices,
+    ``−1`` for none; leaves are skipped, as their messages are the data), each once and
+    children first, by walking up ``k`` root paths together: the deepest pending node (latest
+    time) goes next, so a node where two paths meet is recomputed after both. The other
+    nodes' messages must already be those of ``tree`` (their subtrees unchanged). Costs
+    O(k · depth · D), against O(n D) for :func:`tree_messages`."""
+    n = num_leaves(tree)
+    dtype = msg.var.dtype
+    sig2 = jnp.asarray(sigma, dtype) ** 2
+    time = tree.time.astype(dtype)
+    p = tree.parent
+    starts = jnp.asarray(starts, jnp.int32)
+    safe = jnp.maximum(starts, 0)
+    starts = jnp.where((starts >= 0) & (starts < n), p[safe], starts)  # a leaf: its parent
+
+    def cond(c):
+        return jnp.any(c[0] >= 0)
+
+    def body(c):
+        cur, msg = c
+        t_cur = jnp.where(cur >= 0, time[jnp.maximum(cur, 0)], -jnp.inf)
+        v = cur[jnp.argmax(t_cur)]
+        a, b = tree.children[v - n, 0], tree.children[v - n, 1]
+        mean_v, var_v, term = _combine(msg.mean[a], msg.var[a], time[a], msg.mean[b], msg.var[b],
+                                       time[b], time[v], sig2)
+        msg = Messages(msg.mean.at[v].set(mean_v), msg.var.at[v].set(var_v), msg.term.at[v - n].set(term))
+        return jnp.where(cur == v, p[v], cur), msg
+
+    return lax.while_loop(cond, body, (starts, msg))[1]
 
 
 @jax.jit
@@ -332,7 +403,7 @@ def log_joint_terms_and_sizes(tree: Tree, X, c, sigma, noise):
     """``(structure term, data term, subtree sizes)`` of a complete tree, one upward pass
     (docs/mathematics.md §5). Not jitted: the samplers call it inside their own programs."""
     order = bottom_up_order(tree)
-    ll, sizes = _upward_pass(tree, X, sigma, noise, order, root_of(tree), jnp.ones(num_leaves(tree) - 1, bool))
+    ll, sizes, _ = _upward_pass(tree, X, sigma, noise, order, root_of(tree), jnp.ones(num_leaves(tree) - 1, bool))
     return structure_log_prior(tree, c, sizes), ll, sizes
 
 

@@ -72,6 +72,7 @@ from ..._validation import check_data
 from ...models.ddt import (
     BrownianLeaves,
     DiffusionTree,
+    Messages,
     Tree,
     ancestor_mask,
     attach,
@@ -84,9 +85,12 @@ from ...models.ddt import (
     log_attachment_density,
     log_joint_terms_and_sizes,
     log_likelihood,
+    messages_log_likelihood,
     num_leaves,
+    refresh_messages,
     root_of,
     structure_log_prior,
+    tree_messages,
 )
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 
@@ -157,6 +161,14 @@ def subtree_proposal(unif: jax.Array, state: DDTState):
     ``unif``: ``(n+1, 2)`` uniforms (rows ``0..n−1`` drive the path, row ``n``
     the node). Returns ``(tree', log q ratio, valid)``.
     """
+    return _subtree_proposal(unif, state)[:3]
+
+
+def _subtree_proposal(unif: jax.Array, state: DDTState):
+    """:func:`subtree_proposal`, then ``(sizes', root', starts)``: the new tree's subtree
+    sizes and root, and the two nodes from which :func:`~jaxbnp.models.ddt.refresh_messages`
+    brings the messages up to date (the detached node's old sibling's new parent and the new
+    divergence node)."""
     tree, sizes, c = state.tree, state.sizes, state.c
     n = num_leaves(tree)
     root = root_of(tree)
@@ -170,8 +182,12 @@ def subtree_proposal(unif: jax.Array, state: DDTState):
     u_new, t_new, path = descend(unif[:n], rest, sizes_rest, root_rest, c)
     log_q_back = log_attachment_density(rest, sizes_rest, root_rest, u, t_old, c, anc_u)
     log_q_fwd = log_attachment_density(rest, sizes_rest, root_rest, u_new, t_new, c, path)
-    new_tree, _ = attach(rest, root_rest, s, u_new, t_new, w)
-    return new_tree, subtree_log_q_ratio(log_q_back, log_q_fwd), t_new < tree.time[s]
+    new_tree, new_root = attach(rest, root_rest, s, u_new, t_new, w)
+    # w and the new ancestors (the path down to u_new) hold s's leaves again
+    new_sizes = (sizes_rest + sizes[s] * path.astype(jnp.int32)).at[w].set(sizes_rest[u_new] + sizes[s])
+    starts = jnp.stack([new_tree.parent[u], w])
+    return (new_tree, subtree_log_q_ratio(log_q_back, log_q_fwd), t_new < tree.time[s],
+            new_sizes, new_root, starts)
 
 
 def _time_proposal(step: jax.Array, state: DDTState, j: jax.Array):
@@ -194,21 +210,32 @@ def _time_proposal(step: jax.Array, state: DDTState, j: jax.Array):
     return new_tree, log_jac, (t_new > lo) & (t_new < hi)
 
 
-def _metropolis(state: DDTState, X, proposal: Tree, log_q_ratio, valid, log_u):
-    lp, ll, sizes = log_joint_terms_and_sizes(proposal, X, state.c, state.sigma, state.noise)
+def _metropolis(state: DDTState, msg: Messages, proposal: Tree, sizes, root, starts, log_q_ratio,
+                valid, log_u):
+    """Accept or reject ``proposal`` (subtree sizes ``sizes``, root ``root``) with the data
+    term from the messages brought up to date from ``starts`` (O(depth D), not the O(n D)
+    upward pass) and the structure term from the sizes (one vectorised sum)."""
+    new_msg = refresh_messages(proposal, msg, starts, state.sigma)
+    ll = messages_log_likelihood(proposal, new_msg, root, state.sigma)
+    lp = structure_log_prior(proposal, state.c, sizes)
     log_r = (lp + ll) - (state.log_prior + state.log_likelihood) + log_q_ratio
     ok = valid & (log_u < log_r)  # NaN -> reject
     new = state._replace(tree=proposal, log_prior=lp, log_likelihood=ll, sizes=sizes)
-    return select_state(ok, new, state), ok
+    return select_state(ok, (new, new_msg), (state, msg)), ok
 
 
 def _tree_moves(unif, state: DDTState, X, num_subtree_moves: int, step_size):
     """``num_subtree_moves`` subtree moves, then one time move per internal node, driven by
-    the uniforms ``unif`` (:func:`_num_tree_uniforms` of them).
+    the uniforms ``unif`` (:func:`_num_tree_uniforms` of them). Returns ``(state, messages,
+    subtree moves accepted, time moves accepted)``.
 
     One loop whose body builds both kinds of proposal and evaluates the chosen
-    one, so the program holds a single copy of the (looping) data term. The
+    one, so the program holds a single copy of the data term's update. The
     time moves' increments are logistic (``step_size · logit(U)``): symmetric.
+    The nodes' Gaussian messages (:class:`~jaxbnp.models.ddt.Messages`) are computed
+    once by a full upward pass and then kept up to date along the root paths each move
+    changes, so a move costs O(depth D) in the data term; the sweep's data term is
+    recomputed in full at the next sweep's start.
     """
     n = num_leaves(state.tree)
     total = num_subtree_moves + n - 1
@@ -217,20 +244,22 @@ def _tree_moves(unif, state: DDTState, X, num_subtree_moves: int, step_size):
     u_time = unif[rows * (n + 1) * 2: rows * (n + 1) * 2 + n - 1]
     steps = step_size * (jnp.log(u_time) - jnp.log1p(-u_time))
     log_u = jnp.log(unif[rows * (n + 1) * 2 + n - 1:])
+    msg, _ = tree_messages(state.tree, X, state.sigma, state.noise)
 
     def body(i, carry):
-        state, acc_sub, acc_time = carry
+        state, msg, acc_sub, acc_time = carry
         is_sub = i < num_subtree_moves
         j = jnp.clip(i - num_subtree_moves, 0, n - 2)
-        sub = subtree_proposal(unif_sub[jnp.minimum(i, rows - 1)], state)
+        sub = _subtree_proposal(unif_sub[jnp.minimum(i, rows - 1)], state)
         tim = _time_proposal(steps[j], state, j)
-        proposal, log_q, valid = select_state(is_sub, sub, tim)
-        state, ok = _metropolis(state, X, proposal, log_q, valid, log_u[i])
+        tim = (*tim, state.sizes, root_of(state.tree), jnp.stack([n + j, -1]).astype(jnp.int32))
+        proposal, log_q, valid, sizes, root, starts = select_state(is_sub, sub, tim)
+        (state, msg), ok = _metropolis(state, msg, proposal, sizes, root, starts, log_q, valid, log_u[i])
         ok = ok.astype(jnp.int32)
-        return state, acc_sub + ok * is_sub, acc_time + ok * (1 - is_sub)
+        return state, msg, acc_sub + ok * is_sub, acc_time + ok * (1 - is_sub)
 
     zero = jnp.zeros((), jnp.int32)
-    return lax.fori_loop(0, total, body, (state, zero, zero))
+    return lax.fori_loop(0, total, body, (state, msg, zero, zero))
 
 
 def _num_tree_uniforms(n: int, num_subtree_moves: int) -> int:
@@ -357,7 +386,7 @@ def step(
     m = _num_tree_uniforms(n, num)
     unif = jax.random.uniform(key, (m + 3 * _SLICE_UNIFORMS,), dtype)
     slices = unif[m:].reshape(3, _SLICE_UNIFORMS)
-    state, sub_acc, time_acc = _tree_moves(unif[:m], state, X, num, time_step_size)
+    state, _, sub_acc, time_acc = _tree_moves(unif[:m], state, X, num, time_step_size)
     if hyperpriors.c is not None:
         state = _update_c(slices[0], state, hyperpriors.c)
     if hyperpriors.sigma is not None:
