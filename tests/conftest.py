@@ -10,11 +10,13 @@ The library's own default dtype is JAX's default (float32); the main job's
 subprocess test runs in float32. The persistent compilation cache is off
 (``JAXBNP_COMPILATION_CACHE=0``) except in the tests of the cache itself.
 
-After each test file, JAX's compiled programs are dropped (``jax.clear_caches``): XLA:CPU
-maps about 19 memory regions per compiled program and frees them only with the program, so
-a worker that kept every file's programs grew by some 7,000 regions a minute and, late in
-the suite, reached Linux's limit of 65,530 (``vm.max_map_count``), where the next
-compilation crashed the worker (segmentation fault in ``backend_compile_and_load``).
+After a test file, JAX's compiled programs are dropped (``jax.clear_caches``) once the
+worker holds more than ``MAX_MAPPED_REGIONS`` memory regions: XLA:CPU maps about 19 regions
+per compiled program and frees them only with the program, so a worker that kept every
+file's programs grew by some 7,000 regions a minute and, late in the suite, reached Linux's
+limit of 65,530 (``vm.max_map_count``), where the next compilation crashed the worker
+(segmentation fault in ``backend_compile_and_load``). Below the threshold the programs stay,
+for the next files that run the same functions.
 """
 
 import gc
@@ -32,10 +34,23 @@ import pytest  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 
+MAX_MAPPED_REGIONS = 15_000
+
+
+def _mapped_regions() -> int | None:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux: no count, and no such limit to fear
+        return None
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _drop_compiled_programs():
-    """Free the file's compiled programs (and the memory maps XLA holds for them) once its
-    tests and module fixtures are done."""
+    """Once a file's tests and module fixtures are done, free the compiled programs (and the
+    memory regions XLA holds for them) if the worker holds too many regions."""
     yield
-    jax.clear_caches()
-    gc.collect()
+    regions = _mapped_regions()
+    if regions is not None and regions > MAX_MAPPED_REGIONS:
+        jax.clear_caches()
+        gc.collect()
