@@ -347,20 +347,27 @@ def refresh_messages(tree: Tree, msg: Messages, starts, sigma):
     safe = jnp.maximum(starts, 0)
     starts = jnp.where((starts >= 0) & (starts < n), p[safe], starts)  # a leaf: its parent
 
+    # one array, a row [mean, var, term] per node: with separate arrays, each update reads
+    # the others, and XLA copied them at every step of the walk
+    d = msg.mean.shape[1]
+    rows = jnp.concatenate([msg.mean, msg.var[:, None],
+                            jnp.concatenate([jnp.zeros(n, dtype), msg.term])[:, None]], axis=1)
+
     def cond(c):
         return jnp.any(c[0] >= 0)
 
     def body(c):
-        cur, msg = c
+        cur, rows = c
         t_cur = jnp.where(cur >= 0, time[jnp.maximum(cur, 0)], -jnp.inf)
         v = cur[jnp.argmax(t_cur)]
         a, b = tree.children[v - n, 0], tree.children[v - n, 1]
-        mean_v, var_v, term = _combine(msg.mean[a], msg.var[a], time[a], msg.mean[b], msg.var[b],
-                                       time[b], time[v], sig2)
-        msg = Messages(msg.mean.at[v].set(mean_v), msg.var.at[v].set(var_v), msg.term.at[v - n].set(term))
-        return jnp.where(cur == v, p[v], cur), msg
+        ra, rb = rows[a], rows[b]
+        mean_v, var_v, term = _combine(ra[:d], ra[d], time[a], rb[:d], rb[d], time[b], time[v], sig2)
+        rows = rows.at[v].set(jnp.concatenate([mean_v, var_v[None], term[None]]))
+        return jnp.where(cur == v, p[v], cur), rows
 
-    return lax.while_loop(cond, body, (starts, msg))[1]
+    rows = lax.while_loop(cond, body, (starts, rows))[1]
+    return Messages(rows[:, :d], rows[:, d], rows[n:, d + 1])
 
 
 @jax.jit
