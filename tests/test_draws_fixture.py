@@ -17,8 +17,11 @@ when ``MAPDP()``'s k-means++ start began with merge and split rounds (the same p
 its clusters numbered in another order). The ``fit_bhmc/*`` entries were re-made again
 when BHMC's path step became an exact Gibbs draw by default (issue #22; the paper's MH
 step is ``path_update="mh"``), and again when every BHMC sweep gained the subtree moves
-(``regraft=True``) and ``fit_bhmc``'s node capacity began at 64 slots and grew. Every other
-entry is the original.
+(``regraft=True``) and ``fit_bhmc``'s node capacity began at 64 slots and grew. The
+``ddt/*``, ``population/*`` and ``fit_ddt/*`` entries were re-made when the diffusion-tree
+walks began drawing their uniforms 32 steps at a time from a key (issue #23: a batch of
+``n`` rows per move made memory grow as n² per sweep), which also changed the prior draws of
+``sample_tree``. Every other entry is the original.
 
 The draws are computed in a fresh subprocess with the suite's XLA flags and
 float64 (what ``draws.py`` itself sets), so that they do not depend on what the

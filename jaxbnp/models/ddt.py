@@ -278,13 +278,29 @@ def _root_term(mu, var, t, sig2):
 
 class Messages(NamedTuple):
     """The Gaussian messages of a tree's nodes given the data below them (docs/mathematics.md
-    §5, "Data term"): ``mean`` ``(2n−1, D)``, ``var`` ``(2n−1,)`` (the leaves' are the data and
-    the noise variance) and each internal node's log term ``term`` ``(n−1,)``; the data term
-    is ``Σ term`` plus the root's term (:func:`messages_log_likelihood`)."""
+    §5, "Data term"), one row ``[mean (D), var, term]`` per node in ``rows`` ``(2n−1, D+2)``:
+    the leaves' mean and variance are the data and the noise variance, and each internal
+    node's ``term`` is its log term (``0`` at the leaves). The data term is ``Σ term`` plus
+    the root's term (:func:`messages_log_likelihood`). One array rather than three: the
+    moves update a node's row in one write, and XLA copies nothing in the loops that do."""
 
-    mean: jax.Array
-    var: jax.Array
-    term: jax.Array
+    rows: jax.Array
+
+    @property
+    def mean(self) -> jax.Array:
+        """``(2n−1, D)``."""
+        return self.rows[..., :-2]
+
+    @property
+    def var(self) -> jax.Array:
+        """``(2n−1,)``."""
+        return self.rows[..., -2]
+
+    @property
+    def term(self) -> jax.Array:
+        """The internal nodes' log terms, ``(n−1,)``."""
+        n = (self.rows.shape[-2] + 1) // 2
+        return self.rows[..., n:, -1]
 
 
 def _upward_pass(tree, X, sigma, noise, order, root, active):
@@ -297,23 +313,24 @@ def _upward_pass(tree, X, sigma, noise, order, root, active):
     sig2 = jnp.asarray(sigma, dtype) ** 2
     var_leaf = jnp.asarray(noise, dtype) ** 2
     time = tree.time.astype(dtype)
-    mu = jnp.zeros((2 * n - 1, d), dtype).at[:n].set(X)
-    var = jnp.full((2 * n - 1,), var_leaf, dtype)
-    terms = jnp.zeros(n - 1, dtype)
+    # one array, a row [mean, var, term] per node (see refresh_messages: with separate arrays
+    # XLA copied them at every step, and the pass cost about 4 µs a node at n = 1,300)
+    rows = jnp.zeros((2 * n - 1, d + 2), dtype).at[:n, :d].set(X).at[:, d].set(var_leaf)
     sizes = jnp.zeros(2 * n - 1, jnp.int32).at[:n].set(1)
 
     def body(j, carry):
-        mu, var, terms, sizes, ll = carry
+        rows, sizes, ll = carry
         v = order[j]
         a, b = tree.children[v - n, 0], tree.children[v - n, 1]
-        mean_v, var_v, term = _combine(mu[a], var[a], time[a], mu[b], var[b], time[b], time[v], sig2)
+        ra, rb = rows[a], rows[b]
+        mean_v, var_v, term = _combine(ra[:d], ra[d], time[a], rb[:d], rb[d], time[b], time[v], sig2)
         ll = ll + jnp.where(active[v - n], term, 0.0)
-        return (mu.at[v].set(mean_v), var.at[v].set(var_v), terms.at[v - n].set(term),
+        return (rows.at[v].set(jnp.concatenate([mean_v, var_v[None], term[None]])),
                 sizes.at[v].set(sizes[a] + sizes[b]), ll)
 
-    mu, var, terms, sizes, ll = lax.fori_loop(0, n - 1, body, (mu, var, terms, sizes, jnp.zeros((), dtype)))
-    ll = ll + _root_term(mu[root], var[root], time[root], sig2)
-    return ll, sizes, Messages(mu, var, terms)
+    rows, sizes, ll = lax.fori_loop(0, n - 1, body, (rows, sizes, jnp.zeros((), dtype)))
+    ll = ll + _root_term(rows[root, :d], rows[root, d], time[root], sig2)
+    return ll, sizes, Messages(rows)
 
 
 def tree_messages(tree: Tree, X, sigma, noise):
@@ -339,7 +356,7 @@ def refresh_messages(tree: Tree, msg: Messages, starts, sigma):
     nodes' messages must already be those of ``tree`` (their subtrees unchanged). Costs
     O(k · depth · D), against O(n D) for :func:`tree_messages`."""
     n = num_leaves(tree)
-    dtype = msg.var.dtype
+    dtype = msg.rows.dtype
     sig2 = jnp.asarray(sigma, dtype) ** 2
     time = tree.time.astype(dtype)
     p = tree.parent
@@ -347,27 +364,33 @@ def refresh_messages(tree: Tree, msg: Messages, starts, sigma):
     safe = jnp.maximum(starts, 0)
     starts = jnp.where((starts >= 0) & (starts < n), p[safe], starts)  # a leaf: its parent
 
-    # one array, a row [mean, var, term] per node: with separate arrays, each update reads
-    # the others, and XLA copied them at every step of the walk
-    d = msg.mean.shape[1]
-    rows = jnp.concatenate([msg.mean, msg.var[:, None],
-                            jnp.concatenate([jnp.zeros(n, dtype), msg.term])[:, None]], axis=1)
+    d = msg.rows.shape[1] - 2
+
+    # the k walkers are k scalars in the loop's state: with one (k,) vector (gathered by
+    # index, reduced by argmax) each step was about 20 times slower on XLA:CPU
+    k = starts.shape[0]
 
     def cond(c):
-        return jnp.any(c[0] >= 0)
+        pending = c[0] >= 0
+        for w in c[1:k]:
+            pending = pending | (w >= 0)
+        return pending
 
     def body(c):
-        cur, rows = c
-        t_cur = jnp.where(cur >= 0, time[jnp.maximum(cur, 0)], -jnp.inf)
-        v = cur[jnp.argmax(t_cur)]
+        cur, rows = c[:k], c[k]
+        v, t_v = cur[0], jnp.where(cur[0] >= 0, time[jnp.maximum(cur[0], 0)], -jnp.inf)
+        for w in cur[1:]:
+            t_w = jnp.where(w >= 0, time[jnp.maximum(w, 0)], -jnp.inf)
+            v, t_v = jnp.where(t_w > t_v, w, v), jnp.maximum(t_w, t_v)
         a, b = tree.children[v - n, 0], tree.children[v - n, 1]
         ra, rb = rows[a], rows[b]
         mean_v, var_v, term = _combine(ra[:d], ra[d], time[a], rb[:d], rb[d], time[b], time[v], sig2)
         rows = rows.at[v].set(jnp.concatenate([mean_v, var_v[None], term[None]]))
-        return jnp.where(cur == v, p[v], cur), rows
+        pv = p[v]
+        return (*(jnp.where(w == v, pv, w) for w in cur), rows)
 
-    rows = lax.while_loop(cond, body, (starts, rows))[1]
-    return Messages(rows[:, :d], rows[:, d], rows[n:, d + 1])
+    rows = lax.while_loop(cond, body, (*(starts[i] for i in range(k)), msg.rows))[k]
+    return Messages(rows)
 
 
 @jax.jit
@@ -444,14 +467,15 @@ def sample_attachment(
     1 (float32: ``1 − t < 6e−8``, reached with small ``c`` or many paths on a
     segment); the MCMC moves reject such proposals.
     """
-    n = num_leaves(tree)
-    # one batch of uniforms (a path visits at most n nodes): a single random call in the program
-    u, t, _ = descend(jax.random.uniform(key, (n, 2), tree.time.dtype), tree, sizes, root, c)
+    u, t, _ = descend(key, tree, sizes, root, c)
     return u, t
 
 
 def descend(unif, tree, sizes, root, c, clamp: bool = False):
-    """:func:`sample_attachment` driven by ``unif`` ``(n, 2)`` uniforms (row ``j`` at depth ``j``).
+    """:func:`sample_attachment` driven by ``unif``: ``(n, 2)`` uniforms (row ``j`` at depth
+    ``j``), or a PRNG key, from which the walk draws its uniforms ``_WALK_BLOCK`` steps at a
+    time (block ``b`` from ``fold_in(key, b)``), so that memory and random numbers grow with
+    the depth the walk reaches, not with ``n``.
 
     Returns ``(u, t, path)`` with ``path`` the mask of the nodes the path went
     through: the ancestors of ``u``. ``clamp`` keeps ``t`` below 1 (the
@@ -462,29 +486,44 @@ def descend(unif, tree, sizes, root, c, clamp: bool = False):
     c = jnp.asarray(c, dtype)
     below_one = _one_below_one(dtype)
 
-    def cond(carry):
-        return ~carry[3]
-
-    def body(carry):
-        j, v, start, _, _, _, path = carry
+    def step(uj, carry):
+        """One step down from ``v``; a no-op once the path has diverged."""
+        v, start, done, u, t, path = carry
         m = sizes[v].astype(dtype)
-        e = -jnp.log1p(-unif[j, 0])  # Exp(1)
-        t = -jnp.expm1(jnp.log1p(-start) - m * e / c)
+        e = -jnp.log1p(-uj[0])  # Exp(1)
+        t_new = -jnp.expm1(jnp.log1p(-start) - m * e / c)
         leaf = v < n
-        diverge = leaf | (t < tree.time[v])
+        diverge = leaf | (t_new < tree.time[v])
         if clamp:
-            t = jnp.where(leaf, jnp.minimum(t, below_one), t)
+            t_new = jnp.where(leaf, jnp.minimum(t_new, below_one), t_new)
         kk = jnp.maximum(v - n, 0)
         a, b = tree.children[kk, 0], tree.children[kk, 1]
-        nxt = jnp.where(unif[j, 1] * m < sizes[a], a, b)
-        path = path.at[v].set(~diverge)
-        return (j + 1, jnp.where(diverge, v, nxt), jnp.where(diverge, start, tree.time[v]), diverge, v, t, path)
+        nxt = jnp.where(uj[1] * m < sizes[a], a, b)
+        path = path.at[v].set(jnp.where(done, path[v], ~diverge))
+        return (jnp.where(done | diverge, v, nxt), jnp.where(done | diverge, start, tree.time[v]),
+                done | diverge, jnp.where(done, u, v), jnp.where(done, t, t_new), path)
 
     zero = jnp.zeros((), dtype)
     root = jnp.asarray(root, jnp.int32)
-    init = (jnp.int32(0), root, zero, jnp.array(False), root, zero, jnp.zeros(tree.parent.shape, bool))
-    _, _, _, _, u, t, path = lax.while_loop(cond, body, init)
+    init = (root, zero, jnp.array(False), root, zero, jnp.zeros(tree.parent.shape, bool))
+    if jax.dtypes.issubdtype(jnp.result_type(unif), jnp.floating):
+        _, carry = lax.while_loop(lambda c: ~c[1][2], lambda c: (c[0] + 1, step(unif[c[0]], c[1])),
+                                  (jnp.int32(0), init))
+    else:
+        # a key: typed, or a legacy uint32 one (jax.random.PRNGKey). One random call per
+        # block of steps: a draw at every step made the walk about 15 times slower on XLA:CPU
+        key = unif if jax.dtypes.issubdtype(unif.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(unif)
+
+        def block(c):
+            ub = jax.random.uniform(jax.random.fold_in(key, c[0]), (_WALK_BLOCK, 2), dtype)
+            return c[0] + 1, lax.fori_loop(0, _WALK_BLOCK, lambda k, cr: step(ub[k], cr), c[1])
+
+        _, carry = lax.while_loop(lambda c: ~c[1][2], block, (jnp.int32(0), init))
+    _, _, _, u, t, path = carry
     return u, t, path
+
+
+_WALK_BLOCK = 32
 
 
 def log_attachment_density(
@@ -573,11 +612,10 @@ def sample_tree(key: jax.Array, c: Any, num_points: int, dtype=None) -> Tree:
         jnp.ones(2 * n - 1, dtype).at[n:].set(0.5),
     )
     sizes = jnp.zeros(2 * n - 1, jnp.int32).at[0].set(1)
-    unif = jax.random.uniform(key, (n, n, 2), dtype)
 
     def insert(i, carry):
         tree, sizes, root = carry
-        u, t, _ = descend(unif[i], tree, sizes, root, c, clamp=True)
+        u, t, _ = descend(jax.random.fold_in(key, i), tree, sizes, root, c, clamp=True)
         w = n + i - 1
         tree, root = attach(tree, root, i, u, t, w)
         sizes = sizes.at[w].set(sizes[u]).at[i].set(1)

@@ -360,7 +360,7 @@ def _importance_draws(key, num):
     return trees.children, log_w
 
 
-def importance_sampling_posterior(num=200_000, seed=7):
+def importance_sampling_posterior(num=400_000, seed=7):
     """Self-normalised importance sampling from the prior: the topology posterior, its ESS,
     and the total variation between the estimates from the two halves of the draws."""
     children, log_w = _importance_draws(jax.random.key(seed), num)
@@ -378,7 +378,7 @@ def test_population_posterior_matches_importance_sampling():
     """``PopulationDDT`` (through ``fit_ddt``: ``runner.run``, 8 vectorised chains,
     ``c`` and ``σ`` sampled) against self-normalised importance sampling from the prior."""
     post, ess, halves = importance_sampling_posterior()
-    assert ess > 15_000
+    assert ess > 30_000
     assert halves < 0.015  # the reference's own Monte Carlo error is far inside the tolerance
     assert post.max() < 0.6  # not a degenerate check: the mass is spread over several topologies
     chains, samples = 8, 1500

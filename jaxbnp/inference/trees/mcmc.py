@@ -31,9 +31,11 @@ structure and data terms of :mod:`jaxbnp.models.ddt`. One :func:`step` is
    the slice update is used anyway: the Gamma sampler is slow to compile),
    ``σ`` and ``s`` with the data term by message passing.
 
-Everything is jit-compiled with static shapes and vmaps over chains; all the
-randomness of a step comes from one ``jax.random.uniform`` call (each random
-call site costs compile time). Floating point: proposals whose times round
+Everything is jit-compiled with static shapes and vmaps over chains; a step's
+randomness comes from three ``jax.random.uniform`` call sites (each costs compile
+time): one batch for the moves' nodes, increments and acceptance tests, one for
+the slice updates, and one inside the subtree moves' walk, which draws two
+uniforms per step so that memory does not grow with n × depth. Floating point: proposals whose times round
 onto a neighbour's (or onto 1) give trees off the support and are rejected.
 
 Kernel pattern (BlackJAX's): ``init(tree, X, c, sigma, noise) -> DDTState`` and
@@ -161,25 +163,27 @@ def subtree_proposal(unif: jax.Array, state: DDTState):
     ``unif``: ``(n+1, 2)`` uniforms (rows ``0..n−1`` drive the path, row ``n``
     the node). Returns ``(tree', log q ratio, valid)``.
     """
-    return _subtree_proposal(unif, state)[:3]
+    n = num_leaves(state.tree)
+    return _subtree_proposal(unif[n, 0], unif[:n], state)[:3]
 
 
-def _subtree_proposal(unif: jax.Array, state: DDTState):
-    """:func:`subtree_proposal`, then ``(sizes', root', starts)``: the new tree's subtree
-    sizes and root, and the two nodes from which :func:`~jaxbnp.models.ddt.refresh_messages`
-    brings the messages up to date (the detached node's old sibling's new parent and the new
-    divergence node)."""
+def _subtree_proposal(u_node: jax.Array, walk, state: DDTState):
+    """:func:`subtree_proposal` with the node chosen by the uniform ``u_node`` and the new
+    path driven by ``walk`` (uniforms or a key, as :func:`~jaxbnp.models.ddt.descend`),
+    then ``(sizes', root', starts)``: the new tree's subtree sizes and root, and the two
+    nodes from which :func:`~jaxbnp.models.ddt.refresh_messages` brings the messages up
+    to date (the detached node's old sibling's new parent and the new divergence node)."""
     tree, sizes, c = state.tree, state.sizes, state.c
     n = num_leaves(tree)
     root = root_of(tree)
-    r = jnp.minimum(jnp.floor(unif[n, 0] * (2 * n - 2)).astype(jnp.int32), 2 * n - 3)
+    r = jnp.minimum(jnp.floor(u_node * (2 * n - 2)).astype(jnp.int32), 2 * n - 3)
     s = jnp.where(r < root, r, r + 1)  # uniform over the 2n-2 non-root nodes
     t_old = tree.time[tree.parent[s]]
     anc = ancestor_mask(tree.parent, s)  # includes the parent w that is freed
     rest, root_rest, w, u = detach(tree, root, s)
     sizes_rest = sizes - sizes[s] * anc.astype(jnp.int32)
     anc_u = anc.at[w].set(False)  # u's ancestors in the rest are w's ancestors
-    u_new, t_new, path = descend(unif[:n], rest, sizes_rest, root_rest, c)
+    u_new, t_new, path = descend(walk, rest, sizes_rest, root_rest, c)
     log_q_back = log_attachment_density(rest, sizes_rest, root_rest, u, t_old, c, anc_u)
     log_q_fwd = log_attachment_density(rest, sizes_rest, root_rest, u_new, t_new, c, path)
     new_tree, new_root = attach(rest, root_rest, s, u_new, t_new, w)
@@ -224,46 +228,55 @@ def _metropolis(state: DDTState, msg: Messages, proposal: Tree, sizes, root, sta
     return select_state(ok, (new, new_msg), (state, msg)), ok
 
 
-def _tree_moves(unif, state: DDTState, X, num_subtree_moves: int, step_size):
+def _tree_moves(key, state: DDTState, X, num_subtree_moves: int, step_size):
     """``num_subtree_moves`` subtree moves, then one time move per internal node, driven by
-    the uniforms ``unif`` (:func:`_num_tree_uniforms` of them). Returns ``(state, messages,
-    subtree moves accepted, time moves accepted)``.
+    ``key``. Returns ``(state, messages, subtree moves accepted, time moves accepted)``.
 
-    One loop whose body builds both kinds of proposal and evaluates the chosen
-    one, so the program holds a single copy of the data term's update. The
-    time moves' increments are logistic (``step_size · logit(U)``): symmetric.
-    The nodes' Gaussian messages (:class:`~jaxbnp.models.ddt.Messages`) are computed
-    once by a full upward pass and then kept up to date along the root paths each move
-    changes, so a move costs O(depth D) in the data term; the sweep's data term is
-    recomputed in full at the next sweep's start.
+    Two loops, one per kind of move, so a time move does not pay for a subtree
+    proposal it would discard. The time moves' increments are logistic
+    (``step_size · logit(U)``): symmetric. A subtree move's new path draws its uniforms
+    step by step from ``fold_in(walk key, move)``, so memory does not grow with n × depth.
+    The nodes' Gaussian messages (:class:`~jaxbnp.models.ddt.Messages`) are computed once by
+    a full upward pass and then kept up to date along the root paths each move changes, so
+    a move costs O(depth D) in the data term; the sweep's data term is recomputed in full at
+    the next sweep's start.
     """
     n = num_leaves(state.tree)
-    total = num_subtree_moves + n - 1
-    rows = max(num_subtree_moves, 1)
-    unif_sub = unif[: rows * (n + 1) * 2].reshape(rows, n + 1, 2)
-    u_time = unif[rows * (n + 1) * 2: rows * (n + 1) * 2 + n - 1]
+    k_walk, k_unif = jax.random.split(key)
+    unif = jax.random.uniform(k_unif, (_num_tree_uniforms(n, num_subtree_moves),), state.tree.time.dtype)
+    u_node = unif[:num_subtree_moves]
+    u_time = unif[num_subtree_moves: num_subtree_moves + n - 1]
     steps = step_size * (jnp.log(u_time) - jnp.log1p(-u_time))
-    log_u = jnp.log(unif[rows * (n + 1) * 2 + n - 1:])
+    log_u = jnp.log(unif[num_subtree_moves + n - 1:])
     msg, _ = tree_messages(state.tree, X, state.sigma, state.noise)
 
-    def body(i, carry):
-        state, msg, acc_sub, acc_time = carry
-        is_sub = i < num_subtree_moves
-        j = jnp.clip(i - num_subtree_moves, 0, n - 2)
-        sub = _subtree_proposal(unif_sub[jnp.minimum(i, rows - 1)], state)
-        tim = _time_proposal(steps[j], state, j)
-        tim = (*tim, state.sizes, root_of(state.tree), jnp.stack([n + j, -1]).astype(jnp.int32))
-        proposal, log_q, valid, sizes, root, starts = select_state(is_sub, sub, tim)
+    def subtree_move(i, carry):
+        state, msg, acc = carry
+        proposal, log_q, valid, sizes, root, starts = _subtree_proposal(
+            u_node[i], jax.random.fold_in(k_walk, i), state)
         (state, msg), ok = _metropolis(state, msg, proposal, sizes, root, starts, log_q, valid, log_u[i])
-        ok = ok.astype(jnp.int32)
-        return state, msg, acc_sub + ok * is_sub, acc_time + ok * (1 - is_sub)
+        return state, msg, acc + ok.astype(jnp.int32)
+
+    def time_move(j, carry):
+        state, msg, acc = carry
+        proposal, log_q, valid = _time_proposal(steps[j], state, j)
+        starts = jnp.stack([n + j, -1]).astype(jnp.int32)
+        (state, msg), ok = _metropolis(state, msg, proposal, state.sizes, root_of(state.tree), starts,
+                                       log_q, valid, log_u[num_subtree_moves + j])
+        return state, msg, acc + ok.astype(jnp.int32)
 
     zero = jnp.zeros((), jnp.int32)
-    return lax.fori_loop(0, total, body, (state, msg, zero, zero))
+    acc_sub = zero
+    if num_subtree_moves > 0:
+        state, msg, acc_sub = lax.fori_loop(0, num_subtree_moves, subtree_move, (state, msg, zero))
+    state, msg, acc_time = lax.fori_loop(0, n - 1, time_move, (state, msg, zero))
+    return state, msg, acc_sub, acc_time
 
 
 def _num_tree_uniforms(n: int, num_subtree_moves: int) -> int:
-    return max(num_subtree_moves, 1) * (n + 1) * 2 + (n - 1) + (num_subtree_moves + n - 1)
+    """Uniforms of :func:`_tree_moves` besides the walks': a node and an acceptance test per
+    subtree move, an increment and an acceptance test per time move."""
+    return 2 * num_subtree_moves + 2 * (n - 1)
 
 
 # ------------------------------------------------------------------------- hyperparameters
@@ -382,11 +395,9 @@ def step(
     num = n if num_subtree_moves is None else int(num_subtree_moves)
     if num < 0:
         raise ValueError(f"num_subtree_moves must be >= 0, got {num_subtree_moves}.")
-    # all the step's randomness in one call: each random call site costs compile time
-    m = _num_tree_uniforms(n, num)
-    unif = jax.random.uniform(key, (m + 3 * _SLICE_UNIFORMS,), dtype)
-    slices = unif[m:].reshape(3, _SLICE_UNIFORMS)
-    state, _, sub_acc, time_acc = _tree_moves(unif[:m], state, X, num, time_step_size)
+    k_moves, k_slice = jax.random.split(key)
+    slices = jax.random.uniform(k_slice, (3, _SLICE_UNIFORMS), dtype)
+    state, _, sub_acc, time_acc = _tree_moves(k_moves, state, X, num, time_step_size)
     if hyperpriors.c is not None:
         state = _update_c(slices[0], state, hyperpriors.c)
     if hyperpriors.sigma is not None:
