@@ -8,7 +8,8 @@ Each method has its own default run length (:data:`METHOD_DEFAULTS`); the
 options override them. Chains run on separate CPU cores when there are
 several (``chain_method="parallel"`` over host devices, which gives the same
 draws as vectorised chains). The methods whose cost grows fast with ``n``
-(``ddt``: O(n × tree depth) per sweep, about 0.9 s per chain at 1,300 points) fits a random subsample of ``--max-points``
+(``ddt``: O(n × tree depth) per sweep, about 0.15 s per chain at 1,300 points, plus the
+exchange moves) fits a random subsample of ``--max-points``
 points when the data are larger, says so before it starts, and labels the
 other points by their nearest fitted point; ``bhmc`` fits every point unless
 ``--max-points`` is given.

@@ -140,6 +140,68 @@ def test_incremental_data_term_equals_a_full_recomputation_after_long_move_seque
     assert accepted > 200  # the trees did change
 
 
+def test_walks_vmapped_equal_the_walks_one_at_a_time():
+    """The tree walks (ancestors, the prior's new path, the message refresh) run through
+    ``chain_while``, whose batched form replaces JAX's own batching of a while loop: vmapped,
+    and vmapped twice, they give what each walk gives on its own (nodes and masks exactly; the
+    messages to the last bit, which batched arithmetic may round differently)."""
+
+    def same(g, w):
+        if jnp.issubdtype(g.dtype, jnp.floating):
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-15)
+        else:
+            np.testing.assert_array_equal(g, w)
+
+    n = 14
+    X = jnp.asarray(np.random.default_rng(3).normal(size=(n, 2)))
+    trees = [_tree(n, s) for s in range(3)]
+    batch = jax.tree.map(lambda *a: jnp.stack(a), *trees)
+    sizes = jax.vmap(ddt.subtree_sizes)(batch)
+    roots = jax.vmap(ddt.root_of)(batch)
+    msgs = jax.vmap(lambda t: ddt.tree_messages(t, X, 0.8, 0.3)[0])(batch)
+    nodes = jnp.array([0, 5, n + 2])
+    keys = jax.random.split(jax.random.key(4), 3)
+    unif = jax.random.uniform(jax.random.key(5), (3, n, 2))
+    starts = jnp.array([[1, n + 3], [n + 1, -1], [7, 2]])
+
+    def walks(tree, size, root, msg, node, key, u, start):
+        tree = tree._replace(time=tree.time.at[ddt.root_of(tree)].multiply(0.9))  # messages stale
+        return (ddt.ancestor_mask(tree.parent, node), ddt.descend(key, tree, size, root, 1.3),
+                ddt.descend(u, tree, size, root, 1.3), ddt.refresh_messages(tree, msg, start, 0.8).rows)
+
+    args = (batch, sizes, roots, msgs, nodes, keys, unif, starts)
+    one_by_one = [jit(walks)(*jax.tree.map(lambda a: a[i], args)) for i in range(3)]
+    want = jax.tree.map(lambda *a: jnp.stack(a), *one_by_one)
+    got = jit(jax.vmap(walks))(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        same(g, w)
+    twice = jit(jax.vmap(jax.vmap(walks), in_axes=(None, None, None, None, 0, 0, 0, 0)))(
+        *args[:4], *(jnp.stack([a, a[::-1]]) for a in args[4:]))
+    for g, w in zip(jax.tree.leaves(twice), jax.tree.leaves(want)):
+        same(g[0], w)
+    assert int(jnp.sum(want[0])) > 0 and bool(jnp.any(want[1][2]))  # non-trivial walks
+
+
+def test_population_step_same_draws_with_chains_vmapped_or_one_after_another():
+    """``chain_batching``: the chains' sweeps vmapped or mapped give the same states."""
+    n = 8
+    X = jnp.asarray(np.random.default_rng(4).normal(size=(n, 2)))
+    chains = pop.init(jax.vmap(lambda k: ddt.sample_tree(k, 1.0, n))(jax.random.split(jax.random.key(0), 4)),
+                      X, 1.0, 1.0, 0.2)
+    hyper = ddt_mcmc.Hyperpriors(c=dist.LogNormal(0.0, 1.0), sigma=dist.LogNormal(0.0, 1.0))
+    out = {}
+    for how in ("vmap", "map"):
+        run = jit(lambda k, c, how=how: pop.step(k, c, X, subset_size=2, hyperpriors=hyper, chain_batching=how)[0])
+        state = chains
+        for i in range(3):
+            state = run(jax.random.key(10 + i), state)
+        out[how] = state
+    np.testing.assert_array_equal(out["vmap"].tree.parent, out["map"].tree.parent)
+    for a, b in zip(jax.tree.leaves(out["vmap"]), jax.tree.leaves(out["map"])):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert not np.array_equal(out["map"].tree.parent, chains.tree.parent)  # the chains moved
+
+
 # ---------------------------------------------------------------------------- move identities
 def test_leaf_subtree_moves_are_metropolis_hastings_on_the_data_term():
     """For a single leaf the structure terms and the re-attachment density cancel exactly
@@ -426,6 +488,10 @@ def test_bad_inputs_raise_clear_errors():
     _raises("subset_size must be an integer between 1 and n - 1 = 5", pop.exchange_step,
             jax.random.key(0), batch, X6, 6)
     _raises("pair_batching", pop.exchange_step, jax.random.key(0), batch, X6, 2, 1.0, "pmap")
+    _raises("chain_batching must be one of", pop.step, jax.random.key(0), batch, X6, subset_size=2,
+            chain_batching="pmap")
+    with pytest.raises(ValueError, match="chain_batching must be one of"):
+        PopulationDDT(model, 2, 2, chain_batching="threads")
     _raises("num_subtree_moves must be >= 0", ddt_mcmc.step, jax.random.key(0), state, X6,
             num_subtree_moves=-1)
     # fit_ddt

@@ -64,6 +64,8 @@ import numpyro.distributions as dist
 from jax import lax
 from numpyro.distributions import constraints
 
+from .._loops import DROP, chain_while
+
 __all__ = [
     "Tree", "DiffusionTree", "BrownianLeaves",
     "num_leaves", "root_of", "comb_tree", "check_tree",
@@ -213,16 +215,18 @@ def subtree_sizes(tree: Tree, order: jax.Array | None = None) -> jax.Array:
 
 def ancestor_mask(parent: jax.Array, node: jax.Array) -> jax.Array:
     """Boolean mask of the strict ancestors of ``node`` (walks the parent pointers)."""
+    return chain_while(_ancestors_pending, _ancestors_step, parent,
+                       (parent[node], jnp.zeros(parent.shape, bool)))[1]
 
-    def cond(carry):
-        return carry[0] >= 0
 
-    def body(carry):
-        cur, mask = carry
-        return parent[cur], mask.at[cur].set(True)
+def _ancestors_pending(parent, carry):
+    return carry[0] >= 0
 
-    _, mask = lax.while_loop(cond, body, (parent[node], jnp.zeros(parent.shape, bool)))
-    return mask
+
+def _ancestors_step(parent, carry, active):
+    cur, mask = carry
+    return (jnp.where(active, parent[jnp.maximum(cur, 0)], cur),
+            mask.at[jnp.where(active, cur, DROP)].set(True, mode="drop"))
 
 
 def _parent_times(tree: Tree) -> jax.Array:
@@ -363,34 +367,39 @@ def refresh_messages(tree: Tree, msg: Messages, starts, sigma):
     starts = jnp.asarray(starts, jnp.int32)
     safe = jnp.maximum(starts, 0)
     starts = jnp.where((starts >= 0) & (starts < n), p[safe], starts)  # a leaf: its parent
-
-    d = msg.rows.shape[1] - 2
-
     # the k walkers are k scalars in the loop's state: with one (k,) vector (gathered by
     # index, reduced by argmax) each step was about 20 times slower on XLA:CPU
     k = starts.shape[0]
+    out = chain_while(_refresh_pending, _refresh_step, (tree.children, time, p, sig2),
+                      (*(starts[i] for i in range(k)), msg.rows))
+    return Messages(out[k])
 
-    def cond(c):
-        pending = c[0] >= 0
-        for w in c[1:k]:
-            pending = pending | (w >= 0)
-        return pending
 
-    def body(c):
-        cur, rows = c[:k], c[k]
-        v, t_v = cur[0], jnp.where(cur[0] >= 0, time[jnp.maximum(cur[0], 0)], -jnp.inf)
-        for w in cur[1:]:
-            t_w = jnp.where(w >= 0, time[jnp.maximum(w, 0)], -jnp.inf)
-            v, t_v = jnp.where(t_w > t_v, w, v), jnp.maximum(t_w, t_v)
-        a, b = tree.children[v - n, 0], tree.children[v - n, 1]
-        ra, rb = rows[a], rows[b]
-        mean_v, var_v, term = _combine(ra[:d], ra[d], time[a], rb[:d], rb[d], time[b], time[v], sig2)
-        rows = rows.at[v].set(jnp.concatenate([mean_v, var_v[None], term[None]]))
-        pv = p[v]
-        return (*(jnp.where(w == v, pv, w) for w in cur), rows)
+def _refresh_pending(consts, carry):
+    pending = carry[0] >= 0
+    for w in carry[1:-1]:
+        pending = pending | (w >= 0)
+    return pending
 
-    rows = lax.while_loop(cond, body, (*(starts[i] for i in range(k)), msg.rows))[k]
-    return Messages(rows)
+
+def _refresh_step(consts, carry, active):
+    """One node of :func:`refresh_messages`: the latest pending one, from its children's rows."""
+    children, time, p, sig2 = consts
+    cur, rows = carry[:-1], carry[-1]
+    n = children.shape[0] + 1
+    d = rows.shape[1] - 2
+    v, t_v = cur[0], jnp.where(cur[0] >= 0, time[jnp.maximum(cur[0], 0)], -jnp.inf)
+    for w in cur[1:]:
+        t_w = jnp.where(w >= 0, time[jnp.maximum(w, 0)], -jnp.inf)
+        v, t_v = jnp.where(t_w > t_v, w, v), jnp.maximum(t_w, t_v)
+    kv = jnp.clip(v - n, 0, n - 2)
+    a, b = children[kv, 0], children[kv, 1]
+    ra, rb = rows[a], rows[b]
+    mean_v, var_v, term = _combine(ra[:d], ra[d], time[a], rb[:d], rb[d], time[b], time[v], sig2)
+    rows = rows.at[jnp.where(active, v, DROP)].set(jnp.concatenate([mean_v, var_v[None], term[None]]),
+                                                   mode="drop")
+    pv = p[jnp.maximum(v, 0)]
+    return (*(jnp.where(active & (w == v), pv, w) for w in cur), rows)
 
 
 @jax.jit
@@ -481,46 +490,62 @@ def descend(unif, tree, sizes, root, c, clamp: bool = False):
     through: the ancestors of ``u``. ``clamp`` keeps ``t`` below 1 (the
     generative sampler must return a tree; MCMC proposals are not clamped, a
     time that rounds to 1 is rejected instead)."""
-    n = num_leaves(tree)
     dtype = tree.time.dtype
     c = jnp.asarray(c, dtype)
-    below_one = _one_below_one(dtype)
-
-    def step(uj, carry):
-        """One step down from ``v``; a no-op once the path has diverged."""
-        v, start, done, u, t, path = carry
-        m = sizes[v].astype(dtype)
-        e = -jnp.log1p(-uj[0])  # Exp(1)
-        t_new = -jnp.expm1(jnp.log1p(-start) - m * e / c)
-        leaf = v < n
-        diverge = leaf | (t_new < tree.time[v])
-        if clamp:
-            t_new = jnp.where(leaf, jnp.minimum(t_new, below_one), t_new)
-        kk = jnp.maximum(v - n, 0)
-        a, b = tree.children[kk, 0], tree.children[kk, 1]
-        nxt = jnp.where(uj[1] * m < sizes[a], a, b)
-        path = path.at[v].set(jnp.where(done, path[v], ~diverge))
-        return (jnp.where(done | diverge, v, nxt), jnp.where(done | diverge, start, tree.time[v]),
-                done | diverge, jnp.where(done, u, v), jnp.where(done, t, t_new), path)
-
     zero = jnp.zeros((), dtype)
     root = jnp.asarray(root, jnp.int32)
-    init = (root, zero, jnp.array(False), root, zero, jnp.zeros(tree.parent.shape, bool))
+    init = (jnp.int32(0), (root, zero, jnp.array(False), root, zero, jnp.zeros(tree.parent.shape, bool)))
+    consts = (tree, sizes, c, unif)
     if jax.dtypes.issubdtype(jnp.result_type(unif), jnp.floating):
-        _, carry = lax.while_loop(lambda c: ~c[1][2], lambda c: (c[0] + 1, step(unif[c[0]], c[1])),
-                                  (jnp.int32(0), init))
+        _, carry = chain_while(_walk_pending, partial(_walk_rows, clamp=clamp), consts, init)
     else:
         # a key: typed, or a legacy uint32 one (jax.random.PRNGKey). One random call per
         # block of steps: a draw at every step made the walk about 15 times slower on XLA:CPU
         key = unif if jax.dtypes.issubdtype(unif.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(unif)
-
-        def block(c):
-            ub = jax.random.uniform(jax.random.fold_in(key, c[0]), (_WALK_BLOCK, 2), dtype)
-            return c[0] + 1, lax.fori_loop(0, _WALK_BLOCK, lambda k, cr: step(ub[k], cr), c[1])
-
-        _, carry = lax.while_loop(lambda c: ~c[1][2], block, (jnp.int32(0), init))
+        _, carry = chain_while(_walk_pending, partial(_walk_block, clamp=clamp), (tree, sizes, c, key), init)
     _, _, _, u, t, path = carry
     return u, t, path
+
+
+def _walk_pending(consts, carry):
+    return ~carry[1][2]
+
+
+def _walk_rows(consts, carry, active, clamp):
+    """One step of :func:`descend` driven by the row of uniforms at its depth."""
+    tree, sizes, c, unif = consts
+    j, state = carry
+    return j + 1, _walk_step(tree, sizes, c, unif[jnp.minimum(j, unif.shape[0] - 1)], state, clamp)
+
+
+def _walk_block(consts, carry, active, clamp):
+    """``_WALK_BLOCK`` steps of :func:`descend` from one draw of uniforms (block ``b`` from
+    ``fold_in(key, b)``); steps after the path has diverged change nothing."""
+    tree, sizes, c, key = consts
+    b, state = carry
+    ub = jax.random.uniform(jax.random.fold_in(key, b), (_WALK_BLOCK, 2), c.dtype)
+    return b + 1, lax.fori_loop(0, _WALK_BLOCK, lambda k, st: _walk_step(tree, sizes, c, ub[k], st, clamp), state)
+
+
+def _walk_step(tree, sizes, c, uj, carry, clamp):
+    """One step down from ``v`` (:func:`descend`); a no-op once the path has diverged (so the
+    batched loop of :func:`~jaxbnp._loops.chain_while` may run it on a finished chain)."""
+    n = num_leaves(tree)
+    dtype = c.dtype
+    v, start, done, u, t, path = carry
+    m = sizes[v].astype(dtype)
+    e = -jnp.log1p(-uj[0])  # Exp(1)
+    t_new = -jnp.expm1(jnp.log1p(-start) - m * e / c)
+    leaf = v < n
+    diverge = leaf | (t_new < tree.time[v])
+    if clamp:
+        t_new = jnp.where(leaf, jnp.minimum(t_new, _one_below_one(dtype)), t_new)
+    kk = jnp.maximum(v - n, 0)
+    a, b = tree.children[kk, 0], tree.children[kk, 1]
+    nxt = jnp.where(uj[1] * m < sizes[a], a, b)
+    path = path.at[jnp.where(done, DROP, v)].set(~diverge, mode="drop")
+    return (jnp.where(done | diverge, v, nxt), jnp.where(done | diverge, start, tree.time[v]),
+            done | diverge, jnp.where(done, u, v), jnp.where(done, t, t_new), path)
 
 
 _WALK_BLOCK = 32
