@@ -274,6 +274,14 @@ def _combine(mu_a, var_a, t_a, mu_b, var_b, t_b, t_v, sig2):
     return (mu_a * vb + mu_b * va) / s, va * vb / s, term
 
 
+def _node_row(rows, a, b, v, time, sig2):
+    """Node ``v``'s message row ``[mean, var, term]`` (:class:`Messages`) from its children's."""
+    d = rows.shape[1] - 2
+    ra, rb = rows[a], rows[b]
+    mean_v, var_v, term = _combine(ra[:d], ra[d], time[a], rb[:d], rb[d], time[b], time[v], sig2)
+    return jnp.concatenate([mean_v, var_v[None], term[None]])
+
+
 def _root_term(mu, var, t, sig2):
     """Log density of the root's message under the Brownian motion from 0 at time 0."""
     v = var + sig2 * t
@@ -326,11 +334,9 @@ def _upward_pass(tree, X, sigma, noise, order, root, active):
         rows, sizes, ll = carry
         v = order[j]
         a, b = tree.children[v - n, 0], tree.children[v - n, 1]
-        ra, rb = rows[a], rows[b]
-        mean_v, var_v, term = _combine(ra[:d], ra[d], time[a], rb[:d], rb[d], time[b], time[v], sig2)
-        ll = ll + jnp.where(active[v - n], term, 0.0)
-        return (rows.at[v].set(jnp.concatenate([mean_v, var_v[None], term[None]])),
-                sizes.at[v].set(sizes[a] + sizes[b]), ll)
+        row = _node_row(rows, a, b, v, time, sig2)
+        ll = ll + jnp.where(active[v - n], row[-1], 0.0)
+        return rows.at[v].set(row), sizes.at[v].set(sizes[a] + sizes[b]), ll
 
     rows, sizes, ll = lax.fori_loop(0, n - 1, body, (rows, sizes, jnp.zeros((), dtype)))
     ll = ll + _root_term(rows[root, :d], rows[root, d], time[root], sig2)
@@ -387,17 +393,13 @@ def _refresh_step(consts, carry, active):
     children, time, p, sig2 = consts
     cur, rows = carry[:-1], carry[-1]
     n = children.shape[0] + 1
-    d = rows.shape[1] - 2
     v, t_v = cur[0], jnp.where(cur[0] >= 0, time[jnp.maximum(cur[0], 0)], -jnp.inf)
     for w in cur[1:]:
         t_w = jnp.where(w >= 0, time[jnp.maximum(w, 0)], -jnp.inf)
         v, t_v = jnp.where(t_w > t_v, w, v), jnp.maximum(t_w, t_v)
     kv = jnp.clip(v - n, 0, n - 2)
     a, b = children[kv, 0], children[kv, 1]
-    ra, rb = rows[a], rows[b]
-    mean_v, var_v, term = _combine(ra[:d], ra[d], time[a], rb[:d], rb[d], time[b], time[v], sig2)
-    rows = rows.at[jnp.where(active, v, DROP)].set(jnp.concatenate([mean_v, var_v[None], term[None]]),
-                                                   mode="drop")
+    rows = rows.at[jnp.where(active, v, DROP)].set(_node_row(rows, a, b, v, time, sig2), mode="drop")
     pv = p[jnp.maximum(v, 0)]
     return (*(jnp.where(active & (w == v), pv, w) for w in cur), rows)
 

@@ -34,9 +34,10 @@ structure and data terms of :mod:`jaxbnp.models.ddt`. One :func:`step` is
 Everything is jit-compiled with static shapes and vmaps over chains; a step's
 randomness comes from three ``jax.random.uniform`` call sites (each costs compile
 time): one batch for the moves' nodes, increments and acceptance tests, one for
-the slice updates, and one inside the subtree moves' walk, which draws two
-uniforms per step so that memory does not grow with n × depth. Floating point: proposals whose times round
-onto a neighbour's (or onto 1) give trees off the support and are rejected.
+the slice updates, and one inside the subtree moves' walk, which draws its
+uniforms 32 steps at a time so that memory does not grow with n × depth.
+Floating point: proposals whose times round onto a neighbour's (or onto 1) give
+trees off the support and are rejected.
 
 Kernel pattern (BlackJAX's): ``init(tree, X, c, sigma, noise) -> DDTState`` and
 ``step(key, state, X, hyperpriors) -> (DDTState, DDTInfo)``, NamedTuples of arrays.
@@ -235,7 +236,8 @@ def _tree_moves(key, state: DDTState, X, num_subtree_moves: int, step_size):
     Two loops, one per kind of move, so a time move does not pay for a subtree
     proposal it would discard. The time moves' increments are logistic
     (``step_size · logit(U)``): symmetric. A subtree move's new path draws its uniforms
-    step by step from ``fold_in(walk key, move)``, so memory does not grow with n × depth.
+    in blocks of steps from ``fold_in(walk key, move)`` (:func:`~jaxbnp.models.ddt.descend`),
+    so memory does not grow with n × depth.
     The nodes' Gaussian messages (:class:`~jaxbnp.models.ddt.Messages`) are computed once by
     a full upward pass and then kept up to date along the root paths each move changes, so
     a move costs O(depth D) in the data term; the sweep's data term is recomputed in full at
