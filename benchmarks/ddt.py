@@ -259,7 +259,8 @@ def throughput(chain_counts, n_points, repeats, seed=0):
 
 
 # ------------------------------------------------------------------------------ part 2
-def population_vs_independent(num_chains, per_group, subset_size, seconds, repeats, chunk=5):
+def population_vs_independent(num_chains, per_group, configs, seconds, repeats, chunk=5):
+    """``configs``: ``{name: (subset_size, temperature)}`` for the population runs."""
     X, truth = grouped_data(123, per_group)
     hyper = hyperpriors(X)
     noise = NOISE_FRACTION * float(X.std())
@@ -293,11 +294,16 @@ def population_vs_independent(num_chains, per_group, subset_size, seconds, repea
         lp, ll = ddt.log_joint_terms(state.tree, Xj, state.c, state.sigma, state.noise)
         return lp + ll + hyper.c.log_prob(state.c) + hyper.sigma.log_prob(state.sigma)
 
-    pop_step = tracker(lambda k, s: population.step(k, s, Xj, subset_size=subset_size, hyperpriors=hyper)[0])
-    ind_step = tracker(
-        lambda k, s: jax.vmap(lambda kk, ss: ddt_mcmc.step(kk, ss, Xj, hyper)[0])(jax.random.split(k, num_chains), s)
-    )
-    methods = {"population": pop_step, "independent": ind_step}
+    def pop(subset_size, temperature):
+        return tracker(lambda k, s: population.step(
+            k, s, Xj, subset_size=subset_size, temperature=temperature, hyperpriors=hyper)[0])
+
+    # the independent chains run their sweeps as the population does (population.run_chains:
+    # lax.map on CPU, vmap on an accelerator), so the comparison isolates the exchange move
+    ind_step = tracker(lambda k, s: population.run_chains(
+        lambda kk, ss, x: ddt_mcmc.step(kk, ss, x, hyper)[0], jax.random.split(k, num_chains), s, Xj,
+        in_axes=(0, 0, None)))
+    methods = {"independent": ind_step, **{name: pop(*cfg) for name, cfg in configs.items()}}
     out = {name: {"best_log_posterior": [], "best_log_posterior_recomputed": [], "best_tree_right_split": [],
                   "best_root_split_sizes": [], "best_c": [], "best_sigma": [],
                   "best_log_posterior_log_time": [], "best_log_time_tree_right_split": [],
@@ -334,18 +340,72 @@ def population_vs_independent(num_chains, per_group, subset_size, seconds, repea
             out[name]["best_tree_right_split"].append(bool(top_split_is_right(best.tree, truth)))
             out[name]["final_chains_right_split"].append(float(np.mean(final)))
             out[name]["iterations"].append(iterations)
-            print(f"  repeat {r}: {name:11s} {iterations:5d} iterations, best log posterior "
+            print(f"  repeat {r}: {name:18s} {iterations:5d} iterations, best log posterior "
                   f"{float(best_lp):9.2f} (recomputed {out[name]['best_log_posterior_recomputed'][-1]:.2f}; "
                   f"c {float(best.c):.3f}, sigma {float(best.sigma):.2f}, root split "
                   f"{out[name]['best_root_split_sizes'][-1]}), best tree right split: "
                   f"{out[name]['best_tree_right_split'][-1]}; in log-time coordinates "
                   f"{float(bests['x'][0]):.2f}, right split {out[name]['best_log_time_tree_right_split'][-1]}; "
                   f"chains with the right split at the end: {np.mean(final):.2f}", flush=True)
-    return {"num_points": X.shape[0], "num_chains": num_chains, "subset_size": subset_size,
+    return {"num_points": X.shape[0], "num_chains": num_chains,
+            "configs": {name: {"subset_size": k, "temperature": t} for name, (k, t) in configs.items()},
             "seconds_per_run": seconds, "repeats": repeats, "results": out}
 
 
 # ----------------------------------------------------------------------------------- report
+def write_population_markdown(res: dict, lines: list) -> None:
+    p = res["population"]
+    cfg = p["configs"]
+    lines += [
+        "",
+        f"## 2. Population MCMC vs independent chains at equal wall time ({p['num_points']} points in 4 groups, "
+        f"{p['num_chains']} chains, {p['seconds_per_run']:g} s per run, {p['repeats']} repeats)",
+        "",
+        "Every method starts from the same prior draws in each repeat and runs for the same number of "
+        "seconds (compile excluded). Independent: the within-chain sweeps alone. Population: the same "
+        "sweeps, then the exchange move on K/2 random pairs of chains, with the subset size k and "
+        "temperature τ given (τ = 1 is exact; τ > 1 tempers the proposal ratio and is approximate). "
+        "Best log posterior: highest log p(tree | c) + log p(X | tree, σ) + log p(c) + log p(σ) seen in any chain.",
+        "",
+        "| method | iterations per run (mean) | best log posterior in t: mean (min–max) | its tree has the right top split | best log posterior in x = −log(1−t): mean (min–max) | its tree has the right top split | chains with the right top split at the end (mean; per repeat) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in p["results"].items():
+        blp, blx = r["best_log_posterior"], r["best_log_posterior_log_time"]
+        label = name if name not in cfg else f"{name} (k = {cfg[name]['subset_size']}, τ = {cfg[name]['temperature']:g})"
+        lines.append(
+            f"| {label} | {np.mean(r['iterations']):.0f} | {np.mean(blp):.2f} ({min(blp):.2f}–{max(blp):.2f}) | "
+            f"{sum(r['best_tree_right_split'])}/{len(r['best_tree_right_split'])} | "
+            f"{np.mean(blx):.2f} ({min(blx):.2f}–{max(blx):.2f}) | "
+            f"{sum(r['best_log_time_tree_right_split'])}/{len(r['best_log_time_tree_right_split'])} | "
+            f"{np.mean(r['final_chains_right_split']):.2f}; "
+            + ", ".join(f"{v:.2f}" for v in r["final_chains_right_split"]) + " |")
+    res_i = p["results"]["independent"]
+    lines.append("")
+    for name, r in p["results"].items():
+        if name == "independent":
+            continue
+        lines.append(f"- {name} − independent, best log posterior per repeat: in t " + ", ".join(
+            f"{a - b:+.2f}" for a, b in zip(r["best_log_posterior"], res_i["best_log_posterior"]))
+            + "; in x " + ", ".join(f"{a - b:+.2f}" for a, b in zip(
+                r["best_log_posterior_log_time"], res_i["best_log_posterior_log_time"])))
+    lines.append("")
+    for name, r in p["results"].items():
+        lines.append(f"- {name}: best state's root split sizes {r['best_root_split_sizes']}, c "
+                     f"{[round(v, 3) for v in r['best_c']]}, σ {[round(v, 2) for v in r['best_sigma']]}; "
+                     f"largest |tracked − recomputed| log posterior "
+                     f"{max(abs(a - b) for a, b in zip(r['best_log_posterior'], r['best_log_posterior_recomputed'])):.2e}")
+    g = p["num_points"] // 4
+    lines += ["", f"The right top split means the root's two clades are A∪B and C∪D ({g} + {g} | {g} + {g} "
+              "points). \"Best log posterior\" is a highest density seen, and densities depend on "
+              "coordinates: in the divergence times t (the kernel's `log_joint`) the structure term "
+              "is unbounded as times approach 1 when c H_{m−1} < 1, so the highest-t-density "
+              "state can be an odd one (e.g. a huge σ with every divergence late and a lopsided root "
+              "split); in x = −log(1 − t) the density is bounded and its maximiser is the more "
+              "meaningful \"best tree\". The fraction of chains with the right split at the end is "
+              "the most stable of the three measures.", ""]
+
+
 def write_markdown(res: dict, path: Path) -> None:
     m = res["machine"]
     lines = [
@@ -354,6 +414,12 @@ def write_markdown(res: dict, path: Path) -> None:
         f"Machine: {m['cpu_model']} ({m['cpu_count']} CPUs), {m['platform']}; JAX {m['jax']} on "
         f"{m['jax_backend']}, dtype {m['dtype']}; load average at start {m['load_average']}. "
         f"Mode: {res['mode']}. Run {res['date']}. No GPU was lent to this task, so there are no GPU rows.",
+    ]
+    if "sweeps" not in res:
+        write_population_markdown(res, lines)
+        write_lines(path, lines)
+        return
+    lines += [
         "",
         "## 0. Sweep time against n: moves that update the data term along two root paths vs a full pass",
         "",
@@ -376,6 +442,8 @@ def write_markdown(res: dict, path: Path) -> None:
         "the same pass).",
     ]
     if "throughput" not in res:
+        if "population" in res:
+            write_population_markdown(res, lines)
         write_lines(path, lines)
         return
     lines += [
@@ -390,45 +458,7 @@ def write_markdown(res: dict, path: Path) -> None:
     for row in res["throughput"]["rows"]:
         lines.append(f"| {row['chains']} | {1e3 * row['seconds_per_step']:.2f} | {row['chain_steps_per_second']:.1f} | "
                      f"{row['ratio_to_one_chain']:.1f}× | {row['compile_and_first_step_s']:.1f} |")
-    p = res["population"]
-    lines += [
-        "",
-        f"## 2. Population MCMC vs independent chains at equal wall time ({p['num_points']} points in 4 groups, "
-        f"{p['num_chains']} chains, subset size {p['subset_size']}, {p['seconds_per_run']} s per run, "
-        f"{p['repeats']} repeats)",
-        "",
-        "Both start from the same prior draws in each repeat. Best log posterior: highest "
-        "log p(tree | c) + log p(X | tree, σ) + log p(c) + log p(σ) seen in any chain.",
-        "",
-        "| method | iterations per run (mean) | best log posterior in t: mean (min–max) | its tree has the right top split | best log posterior in x = −log(1−t): mean (min–max) | its tree has the right top split | chains with the right top split at the end (mean) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, r in p["results"].items():
-        blp, blx = r["best_log_posterior"], r["best_log_posterior_log_time"]
-        lines.append(
-            f"| {name} | {np.mean(r['iterations']):.0f} | {np.mean(blp):.2f} ({min(blp):.2f}–{max(blp):.2f}) | "
-            f"{sum(r['best_tree_right_split'])}/{len(r['best_tree_right_split'])} | "
-            f"{np.mean(blx):.2f} ({min(blx):.2f}–{max(blx):.2f}) | "
-            f"{sum(r['best_log_time_tree_right_split'])}/{len(r['best_log_time_tree_right_split'])} | "
-            f"{np.mean(r['final_chains_right_split']):.2f} |")
-    res_p, res_i = p["results"]["population"], p["results"]["independent"]
-    lines += ["", "Per repeat, population − independent best log posterior: in t " + ", ".join(
-        f"{a - b:+.2f}" for a, b in zip(res_p["best_log_posterior"], res_i["best_log_posterior"]))
-        + "; in x " + ", ".join(f"{a - b:+.2f}" for a, b in zip(
-            res_p["best_log_posterior_log_time"], res_i["best_log_posterior_log_time"])), ""]
-    for name, r in p["results"].items():
-        lines.append(f"- {name}: best state's root split sizes {r['best_root_split_sizes']}, c "
-                     f"{[round(v, 3) for v in r['best_c']]}, σ {[round(v, 2) for v in r['best_sigma']]}; "
-                     f"largest |tracked − recomputed| log posterior "
-                     f"{max(abs(a - b) for a, b in zip(r['best_log_posterior'], r['best_log_posterior_recomputed'])):.2e}")
-    lines += ["", "The right top split means the root's two clades are A∪B and C∪D (8 + 8 | 8 + 8 "
-              "points). \"Best log posterior\" is a highest density seen, and densities depend on "
-              "coordinates: in the divergence times t (the kernel's `log_joint`) the structure term "
-              "is unbounded as times approach 1 when c H_{m−1} < 1 (here c ≈ 0.2), so the highest-t-density "
-              "state can be an odd one (e.g. a huge σ with every divergence late and a lopsided root "
-              "split); in x = −log(1 − t) the density is bounded and its maximiser is the more "
-              "meaningful \"best tree\". The fraction of chains with the right split at the end is "
-              "the most stable of the three measures.", ""]
+    write_population_markdown(res, lines)
     write_lines(path, lines)
 
 
@@ -440,24 +470,43 @@ def main(argv=None):
                         help="n for part 0 (default 32 128 512 1300 4096 10000; --quick 32 128 512)")
     parser.add_argument("--only-sweeps", action="store_true",
                         help="run part 0 alone (writes ddt_sweeps.json and ddt_sweeps.md)")
+    parser.add_argument("--only-population", action="store_true",
+                        help="run part 2 alone (writes ddt_population.json and ddt_population.md)")
+    parser.add_argument("--pop-points-per-group", type=int, default=None,
+                        help="part 2: points in each of the 4 groups (default 50; --quick 8)")
+    parser.add_argument("--pop-chains", type=int, default=None, help="part 2: chains (default 24; --quick 8)")
+    parser.add_argument("--pop-seconds", type=float, default=None,
+                        help="part 2: seconds per run (default 40; --quick 4)")
+    parser.add_argument("--pop-repeats", type=int, default=None, help="part 2: repeats (default 5; --quick 2)")
     args = parser.parse_args(argv)
     if args.quick:
-        counts, repeats, seconds, runs = [1, 4, 16, 64], 2, 4.0, 2
+        counts, repeats, seconds, runs, per_group, chains = [1, 4, 16, 64], 2, 4.0, 2, 8, 8
     else:
-        counts, repeats, seconds, runs = [1, 2, 4, 8, 16, 32, 64, 128, 256], 3, 10.0, 5
+        counts, repeats, seconds, runs, per_group, chains = [1, 2, 4, 8, 16, 32, 64, 128, 256], 3, 40.0, 5, 50, 24
+    seconds = args.pop_seconds or seconds
+    runs = args.pop_repeats or runs
+    per_group = args.pop_points_per_group or per_group
+    chains = args.pop_chains or chains
+    configs = {"population": (min(8, 4 * per_group - 1), 1.0), "population, large k": (min(32, 4 * per_group - 1), 1.0),
+               "population, tempered": (min(8, 4 * per_group - 1), 4.0)}
     res = {"mode": "quick" if args.quick else "default", "machine": machine_info(),
            "date": utc_now()}
     sizes = args.sweep_sizes or ([32, 128, 512] if args.quick else [32, 128, 512, 1300, 4096, 10000])
-    print("0. sweep time against n", flush=True)
-    res["sweeps"] = sweep_time(sizes)
-    if not args.only_sweeps:
+    if not args.only_population:
+        print("0. sweep time against n", flush=True)
+        res["sweeps"] = sweep_time(sizes)
+    if args.only_population:
+        print("2. population vs independent chains at equal wall time", flush=True)
+        res["population"] = population_vs_independent(num_chains=chains, per_group=per_group, configs=configs,
+                                                       seconds=seconds, repeats=runs)
+    elif not args.only_sweeps:
         print("1. throughput of vmapped chains", flush=True)
         res["throughput"] = throughput(counts, n_points=32, repeats=repeats)
         print("2. population vs independent chains at equal wall time", flush=True)
-        res["population"] = population_vs_independent(num_chains=8, per_group=8, subset_size=4,
+        res["population"] = population_vs_independent(num_chains=chains, per_group=per_group, configs=configs,
                                                        seconds=seconds, repeats=runs)
     out = Path(args.out)
-    stem = "ddt_sweeps" if args.only_sweeps else "ddt"
+    stem = "ddt_sweeps" if args.only_sweeps else "ddt_population" if args.only_population else "ddt"
     write_json(out / f"{stem}.json", res, indent=2)
     write_markdown(res, out / f"{stem}.md")
     print(f"wrote {out / (stem + '.json')} and {out / (stem + '.md')}")

@@ -431,7 +431,7 @@ def step(
             time_step_size=time_step_size,
         )
         chains, within = run_chains(
-            lambda k, c, x: sweep(k, c, x), jax.random.split(k_within, num), chains, X,
+            sweep, jax.random.split(k_within, num), chains, X,
             in_axes=(0, 0, 0 if X.ndim == 3 else None), how=chain_batching,
         )
     else:
