@@ -226,6 +226,21 @@ def test_no_reference_to_files_outside_the_repository():
     assert not bad, "cite docs/mathematics.md or docs/design.md instead:\n" + "\n".join(bad)
 
 
+def test_docs_hold_no_control_characters():
+    """A LaTeX escape written through a non-raw Python string (``"\\frac"`` as ``"\\f" + "rac"``)
+    leaves a control character in the page; it happened once to docs/mathematics.md."""
+    import re
+
+    pages = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+    bad = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in pages
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f]", line)
+    ]
+    assert len(pages) > 5 and not bad, "control characters in:\n" + "\n".join(bad)
+
+
 # ----------------------------------------------------------------------------- dependencies
 def _third_party_imports(top_level_only: bool) -> dict[str, list[str]]:
     """``{top-level package: [where]}`` of the non-stdlib, non-jaxbnp imports.
