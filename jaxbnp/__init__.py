@@ -46,6 +46,7 @@ from .models import (
     PitmanYor,
     Tree,
     cut_tree,
+    from_linkage,
     log_joint,
     mixture_model,
     nested_hdp_model,
@@ -89,7 +90,7 @@ __all__ = [
     "NormalGamma", "NormalWishart", "DirichletMultinomial", "BetaBernoulli", "Family",
     # models (NumPyro distributions and programs)
     "Partition", "ConjugateMixture", "AuxiliaryU", "log_joint", "mixture_model",
-    "DiffusionTree", "BrownianLeaves", "Tree", "cut_tree", "to_linkage",
+    "DiffusionTree", "BrownianLeaves", "Tree", "cut_tree", "from_linkage", "to_linkage",
     "NestedCRP", "NestedHDP", "nested_hdp_model", "path_log_prior",
     # kernels (NumPyro MCMCKernels)
     "CollapsedGibbs", "CollapsedGibbsState", "SplitMerge", "SubClusterMCMC", "TreeGuidedMCMC",

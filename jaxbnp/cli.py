@@ -9,10 +9,11 @@ options override them. Chains run on separate CPU cores when there are
 several (``chain_method="parallel"`` over host devices, which gives the same
 draws as vectorised chains). The methods whose cost grows fast with ``n``
 (``ddt``: O(n × tree depth) per sweep, about 0.15 s per chain at 1,300 points, plus the
-exchange moves) fits a random subsample of ``--max-points``
-points when the data are larger, says so before it starts, and labels the
+exchange moves) fits a random subsample of ``--max-points`` points (default
+2,000) when the data are larger, says so before it starts, and labels the
 other points by their nearest fitted point; ``bhmc`` fits every point unless
-``--max-points`` is given.
+``--max-points`` is given. ``ddt`` starts its chains from the Ward tree
+(``fit_ddt(init="ward")``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ METHOD_DEFAULTS = {
     "tgmcmc": dict(chains=2, warmup=30, samples=70, capacity=32),
     "subcluster": dict(chains=2, warmup=50, samples=100, capacity=32),
     "mapdp": dict(chains=1, family=None),
-    "ddt": dict(chains=4, warmup=40, samples=60, max_points=100),
+    "ddt": dict(chains=4, warmup=20, samples=40, max_points=2000),
     "bhmc": dict(chains=2, warmup=40, samples=60, max_points=0),
 }
 _GENERIC_DEFAULTS = dict(chains=2, warmup=100, samples=200, capacity=32, split_merge_moves=10,
@@ -424,8 +425,8 @@ def _describe_mapdp(args, X, fit_idx, fit) -> str:
 
 
 def _describe_ddt(args, X, fit_idx, fit) -> str:
-    return (f"ddt: Dirichlet diffusion tree, population MCMC over {max(2, args.chains)} chains, "
-            f"{args.warmup} warm-up + {args.samples} draws; best tree cut "
+    return (f"ddt: Dirichlet diffusion tree, population MCMC over {max(2, args.chains)} chains "
+            f"started from the Ward tree, {args.warmup} warm-up + {args.samples} draws; best tree cut "
             + (f"into {args.ddt_clusters} clusters" if args.ddt_clusters else
                f"at t = {args.t_stop}" if args.t_stop else "where the mean silhouette width is largest")
             + (f"; fitted on {args.max_points} of the {X.shape[0]} points" if fit_idx is not None else ""))
@@ -704,15 +705,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--method tgmcmc initial partition: IBHC or the paper's noisy trees (default ibhc)")
     c.add_argument("--warmup", type=int, default=None,
                    help="warm-up sweeps per chain (default: splitmerge 50, gibbs 100, tgmcmc 30, "
-                   "subcluster 50, ddt 40, bhmc 40)")
+                   "subcluster 50, ddt 20, bhmc 40)")
     c.add_argument("--samples", type=int, default=None,
                    help="kept sweeps per chain (default: splitmerge 100, gibbs 200, tgmcmc 70, "
-                   "subcluster 100, ddt 60, bhmc 60)")
+                   "subcluster 100, ddt 40, bhmc 60)")
     c.add_argument("--capacity", type=int, default=None,
                    help="cluster slots per chain; doubled automatically if full (default 32)")
     c.add_argument("--max-points", type=int, default=None,
                    help="ddt and bhmc: fit a random subsample of this many points when the data are "
-                   "larger and label the others by their nearest fitted point (default: ddt 100, "
+                   "larger and label the others by their nearest fitted point (default: ddt 2000, "
                    "bhmc 0; 0 = all points)")
     c.add_argument("--dtype", choices=["float32", "float64"], default=None,
                    help="floating-point precision (default float32, or float64 when JAX_ENABLE_X64 is set)")

@@ -338,6 +338,60 @@ def test_cut_tree_and_linkage():
         assert sorted(dendrogram(Z, no_plot=True)["leaves"]) == list(range(7))
 
 
+def test_from_linkage_keeps_the_clades_and_orders_the_times():
+    from scipy.cluster.hierarchy import ward
+
+    def clades(tree):
+        children = np.asarray(tree.children)
+        n = children.shape[0] + 1
+
+        def leaves(v):
+            return frozenset([v]) if v < n else leaves(children[v - n, 0]) | leaves(children[v - n, 1])
+
+        return {leaves(v) for v in range(n, 2 * n - 1)}
+
+    for seed in range(3):  # a tree's linkage and back: the same clades, the root first
+        t = _tree(9, seed)
+        back = ddt.from_linkage(ddt.to_linkage(t))
+        assert clades(back) == clades(t)
+        assert float(back.time[ddt.root_of(back)]) == pytest.approx(0.1)
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(size=(20, 2)), rng.normal(size=(20, 2)) + 8.0])
+    X[5] = X[4]  # a zero merge height, and many near 1 in float32
+    for dtype in (jnp.float32, jnp.float64):
+        tree = ddt.from_linkage(ward(X), dtype=dtype)
+        ddt.check_tree(tree, 40)  # times in (0, 1), rising from the root to the leaves
+        assert tree.time.dtype == dtype
+        top = set(np.asarray(ddt.cut_tree(tree, num_clusters=2))[:20]), set(np.asarray(ddt.cut_tree(tree, num_clusters=2))[20:])
+        assert all(len(s) == 1 for s in top) and top[0] != top[1]
+        lp, ll = ddt.log_joint_terms(tree, jnp.asarray(X, dtype), 1.0, 4.0, 0.1)
+        assert np.isfinite(float(lp)) and np.isfinite(float(ll))
+    _raises("shape \\(n-1, 4\\)", ddt.from_linkage, np.zeros((3, 3)))
+    _raises("distinct clusters formed before it", ddt.from_linkage, np.array([[0, 0, 1.0, 2], [1, 2, 2.0, 3]]))
+    _raises("t_root must be in", ddt.from_linkage, ward(X), t_root=1.0)
+
+
+def test_fit_ddt_starts_from_the_ward_tree_or_the_prior():
+    """``init="ward"`` hands every chain the Ward tree: with no warm-up and one draw the chains
+    share the start's clades but for what one sweep changed; ``init="prior"`` starts elsewhere."""
+    from scipy.cluster.hierarchy import ward
+
+    rng = np.random.default_rng(1)
+    X = np.concatenate([rng.normal(size=(12, 2)), rng.normal(size=(12, 2)) + 10.0])
+    start = ddt.from_linkage(ward(X))
+    root_clades = {frozenset(np.flatnonzero(np.asarray(ddt.cut_tree(start, num_clusters=2)) == g)) for g in (0, 1)}
+    runs = {init: fit_ddt(X, num_chains=4, num_samples=1, num_warmup=0, key=jax.random.key(0), init=init,
+                          num_clusters=2, progress_bar=False) for init in ("ward", "prior")}
+    for init, fit in runs.items():
+        assert fit.log_joint.shape == (4, 1) and np.isfinite(fit.log_joint).all()
+    ward_run = runs["ward"].samples["tree"]
+    for i in range(4):  # the far apart groups stay the root's clades after one sweep from the Ward tree
+        tree = jax.tree.map(lambda a, i=i: a[i, 0], ward_run)
+        got = {frozenset(np.flatnonzero(np.asarray(ddt.cut_tree(tree, num_clusters=2)) == g)) for g in (0, 1)}
+        assert got == root_clades
+    assert not np.array_equal(np.asarray(runs["prior"].samples["tree"].children), np.asarray(ward_run.children))
+
+
 def test_plot_dendrogram():
     import matplotlib
 
@@ -499,3 +553,5 @@ def test_bad_inputs_raise_clear_errors():
     _raises("at least 2 points", fit_ddt, X6[:1])
     _raises("population=True needs num_chains >= 2", fit_ddt, X6, num_chains=1)
     _raises("t_stop must be in", fit_ddt, X6, t_stop=1.5)
+    _raises("init must be 'ward' or 'prior'", fit_ddt, X6, init="kmeans")
+    _raises("pass init='prior'", fit_ddt, np.zeros((30_001, 1)))

@@ -5,7 +5,7 @@ import jaxbnp as bnp
 # the list, and the rest of the public surface the README uses
 REQUIRED = [
     "PopulationDDT", "DiffusionTreeMCMC", "DiffusionTree", "BrownianLeaves", "nested_hdp_model",
-    "fit_ddt", "fit_bhmc", "cut_tree", "to_linkage", "select_alpha",
+    "fit_ddt", "fit_bhmc", "cut_tree", "to_linkage", "from_linkage", "select_alpha",
     "CollapsedGibbs", "SplitMerge", "TreeGuidedMCMC", "MAPDP", "DirichletProcessMixture",
     "DP", "PitmanYor", "NGGP", "NormalGamma", "NormalWishart", "BetaBernoulli", "DirichletMultinomial",
     "Partition", "ConjugateMixture", "AuxiliaryU", "fit_mapdp_chunked", "enable_compilation_cache",

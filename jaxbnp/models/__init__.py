@@ -11,9 +11,9 @@ __all__ = [
 ]
 
 # Dirichlet diffusion trees (docs/mathematics.md §5)
-from .ddt import BrownianLeaves, DiffusionTree, Tree, cut_tree, to_linkage  # noqa: E402
+from .ddt import BrownianLeaves, DiffusionTree, Tree, cut_tree, from_linkage, to_linkage  # noqa: E402
 
-__all__ += ["BrownianLeaves", "DiffusionTree", "Tree", "cut_tree", "to_linkage"]
+__all__ += ["BrownianLeaves", "DiffusionTree", "Tree", "cut_tree", "from_linkage", "to_linkage"]
 
 # BHMC's nested CRP + multilevel HDP mixture (docs/mathematics.md §6)
 from .nested import NestedCRP, NestedHDP, nested_hdp_model, path_log_prior  # noqa: E402

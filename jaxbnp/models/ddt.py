@@ -75,7 +75,7 @@ __all__ = [
     "Messages", "tree_messages", "messages_log_likelihood", "refresh_messages",
     "divergence_covariance", "sample_attachment", "descend", "log_attachment_density",
     "attach", "detach", "sample_tree", "sample_leaves",
-    "cut_tree", "to_linkage",
+    "cut_tree", "to_linkage", "from_linkage",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -737,6 +737,50 @@ def to_linkage(tree: Tree) -> np.ndarray:
         sizes[v] = sizes[children[v - n, 0]] + sizes[children[v - n, 1]]
         Z[row] = (a, b, 1.0 - float(time[v]), sizes[v])
     return Z
+
+
+def from_linkage(Z: Any, *, t_root: float = 0.1, dtype=None) -> Tree:
+    """A :class:`Tree` with the topology of a SciPy linkage matrix ``Z`` (``(n−1, 4)``).
+
+    Row ``k`` of ``Z`` (SciPy's cluster ``n + k``) becomes internal node
+    ``n + k``. Divergence times follow the merge heights ``h``: the root
+    diverges at ``t_root`` and ``1 − t_v = (1 − t_root) (h_v / h_root)²``, since
+    under the Brownian model a squared distance grows like ``1 − t``
+    (docs/mathematics.md §5). Times are then raised where needed so that each
+    node diverges after its parent and before ``1`` (``1 − t_v`` is at least ``10⁻⁴``; a node at or above its
+    parent's time gets ``t_parent + (1 − t_parent)/100``). Used to start samplers
+    from a Ward tree (:func:`~jaxbnp.inference.trees.fit.fit_ddt`).
+    """
+    Z = np.asarray(Z, np.float64)
+    if Z.ndim != 2 or Z.shape[1] != 4 or Z.shape[0] < 1:
+        raise ValueError(f"Z must be a SciPy linkage matrix of shape (n-1, 4) with n >= 2, got {Z.shape}.")
+    if not np.all(np.isfinite(Z)) or np.any(Z[:, 2] < 0):
+        raise ValueError("Z must be finite with non-negative merge heights.")
+    if not 0.0 < float(t_root) < 1.0:
+        raise ValueError(f"t_root must be in (0, 1), got {t_root}.")
+    n = Z.shape[0] + 1
+    children = Z[:, :2].astype(np.int64)
+    if np.any(children[:, 0] == children[:, 1]) or np.any(children < 0) or np.any(
+            children >= n + np.arange(n - 1)[:, None]):
+        raise ValueError("Z: row k must merge two distinct clusters formed before it (ids < n + k).")
+    parent = np.full(2 * n - 1, -1, np.int64)
+    parent[children.ravel()] = n + np.repeat(np.arange(n - 1), 2)
+    if np.sum(parent < 0) != 1 or parent[2 * n - 2] != -1:
+        raise ValueError("Z: every cluster but the last must be merged exactly once.")
+    h = Z[:, 2]
+    top = h[-1] if h[-1] > 0 else 1.0
+    dt = np.dtype(_float_dtype(dtype))  # the times are fixed up in the dtype they will have
+    time = np.ones(2 * n - 1, dt)
+    gap = np.maximum((1.0 - float(t_root)) * np.minimum(h / top, 1.0) ** 2, 1e-4)
+    time[n:] = (1.0 - gap).astype(dt)
+    time[2 * n - 2] = dt.type(t_root)
+    for v in range(2 * n - 3, n - 1, -1):  # parents come after their children in Z
+        tp = time[parent[v]]
+        if not tp < time[v] < 1.0:
+            time[v] = tp + (dt.type(1.0) - tp) / dt.type(100.0)
+    tree = Tree(jnp.asarray(parent, jnp.int32), jnp.asarray(children, jnp.int32), jnp.asarray(time, dt))
+    check_tree(tree, n, "from_linkage(Z)")
+    return tree
 
 
 # --------------------------------------------------------------------------- distributions

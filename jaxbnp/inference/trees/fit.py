@@ -19,7 +19,7 @@ import numpyro.distributions as dist
 
 from ..._cache import auto_enable
 from ..._validation import check_data
-from ...models.ddt import BrownianLeaves, DiffusionTree, Tree, cut_tree
+from ...models.ddt import BrownianLeaves, DiffusionTree, Tree, cut_tree, from_linkage
 from ..runner import run
 from .mcmc import DiffusionTreeMCMC
 from .population import PopulationDDT
@@ -47,6 +47,10 @@ class DDTFit(NamedTuple):
     samples: dict
 
 
+#: the most points ``init="ward"`` takes (SciPy's Ward linkage holds n(n−1)/2 distances: 3.6 GB here)
+_MAX_WARD_POINTS = 30_000
+
+
 def _collect(state) -> dict:
     """What :func:`fit_ddt` keeps of a kernel state at each draw: the sites and ``log_joint``."""
     return {"z": state.z, "log_joint": state.log_joint}
@@ -60,6 +64,7 @@ def fit_ddt(
     *,
     num_warmup: int | None = None,
     population: bool = True,
+    init: str = "ward",
     subset_size: int | None = None,
     temperature: float = 1.0,
     c_prior: Any = None,
@@ -86,11 +91,26 @@ def fit_ddt(
     four O(n D) re-attachments, so the exchange stays cheaper than the sweep). ``progress_bar``: a bar
     (``None``: auto, shown only on a terminal outside CI; ``jaxbnp._progress``).
     ``heartbeat``: an object with ``tick(n)``, advanced as the run goes (``runner.run``).
+
+    ``init``: where every chain's tree starts. ``"ward"`` (default): the Ward
+    linkage tree of ``X`` (SciPy; O(n²) memory) with times from its merge
+    heights (:func:`~jaxbnp.models.ddt.from_linkage`), so that a short run at
+    thousands of points starts near the trees the posterior favours; ``c`` and
+    ``σ`` start from their priors. ``"prior"``: the tree too is a prior draw per
+    chain (the kernels' own ``init_strategy="prior"``). Either way the chains
+    target the same posterior; only the start differs.
     """
     Xn = check_data(X)
     n = Xn.shape[0]
     if n < 2:
         raise ValueError(f"fit_ddt needs at least 2 points, got {n}.")
+    if init not in ("ward", "prior"):
+        raise ValueError(f"init must be 'ward' or 'prior', got {init!r}.")
+    if init == "ward" and n > _MAX_WARD_POINTS:
+        raise ValueError(
+            f"init='ward' computes all {n * (n - 1) // 2:,} pairwise distances ({n} points; at most "
+            f"{_MAX_WARD_POINTS:,}): pass init='prior' or fit a subsample."
+        )
     for name, value in (("num_chains", num_chains), ("num_samples", num_samples)):
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1, got {value}.")
@@ -124,11 +144,19 @@ def fit_ddt(
             return PopulationDDT(model, num_chains, int(subset_size), temperature)
         return DiffusionTreeMCMC(model)
 
+    init_params = None
+    if init == "ward":
+        from scipy.cluster.hierarchy import ward
+
+        tree0 = from_linkage(ward(Xn), dtype=Xj.dtype)
+        if num_chains > 1:
+            tree0 = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_chains, *a.shape)), tree0)
+        init_params = {"tree": tree0}
     auto_enable()  # the persistent compilation cache (jaxbnp._cache)
     result = run(
         make_kernel, jax.random.key(0) if key is None else key, (Xj,),
         num_warmup=num_samples // 2 if num_warmup is None else int(num_warmup),
-        num_samples=num_samples, num_chains=num_chains, collect=_collect,
+        num_samples=num_samples, num_chains=num_chains, collect=_collect, init_params=init_params,
         progress_bar=progress_bar, description="ddt", heartbeat=heartbeat,
         cache_key=None,  # the model closes over the priors and the noise: compile afresh
     )
