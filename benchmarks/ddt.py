@@ -15,11 +15,14 @@
    (reported separately); median over timed repeats.
 2. Population MCMC (``jaxbnp.inference.trees.population.step``: the same sweeps
    plus the exchange move on ``K/2`` random pairs) against the same number of
-   independent chains (the vmapped sweeps alone) at **equal wall time**, on
-   synthetic data with four well separated groups arranged as two pairs
-   (A, B close; C, D close; the pairs far apart), so the right top-level split
-   is {A ∪ B | C ∪ D}. Each method runs for the same number of seconds per
-   repeat (compile excluded), from the same prior draws. Reported per method:
+   independent chains (the sweeps alone, run the same way: ``population.run_chains``)
+   at **equal wall time**, on synthetic data with four well separated groups
+   arranged as two pairs (A, B close; C, D close; the pairs far apart), so the
+   right top-level split is {A ∪ B | C ∪ D}; or (``--pop-groups 8``) eight groups
+   as pairs of pairs of pairs. Default: 50 points per group, 24 chains, 40 s per
+   run, 5 repeats; three exchange settings (subset size 8; 32; 8 with the
+   approximate tempering τ = 4). Each method runs for the same number of seconds
+   per repeat (compile excluded), from the same prior draws. Reported per method:
    the best log posterior reached (structure + data terms + the priors of
    ``c`` and ``σ``), how often the best tree's top-level split is the right
    one, and the fraction of chains whose final tree has the right split.
@@ -27,12 +30,15 @@
 Everything runs in JAX's default dtype (float32), on the default device
 (the CPU here; the script is the same on a GPU).
 
-Results go to ``benchmarks/results/ddt.json`` and ``benchmarks/results/ddt.md``.
+Results go to ``benchmarks/results/ddt.json`` and ``benchmarks/results/ddt.md``
+(``--only-sweeps``: ``ddt_sweeps.*``; ``--only-population``: ``ddt_population.*``, or
+``ddt_population_8groups.*`` with ``--pop-groups 8``).
 
 Usage::
 
-    python benchmarks/ddt.py            # full run (about 4-5 minutes on 2 idle CPU cores)
-    python benchmarks/ddt.py --quick    # fewer chain counts, shorter runs (about 1.5 minutes)
+    python benchmarks/ddt.py                    # everything (about 30 minutes on 2 idle CPU cores)
+    python benchmarks/ddt.py --quick            # fewer sizes and chain counts, shorter runs
+    python benchmarks/ddt.py --only-population  # part 2 alone (about 15 minutes)
 """
 
 from __future__ import annotations
@@ -61,12 +67,20 @@ NOISE_FRACTION = 0.1
 
 
 # ----------------------------------------------------------------------------------- data
-def grouped_data(seed: int, per_group: int) -> tuple[np.ndarray, np.ndarray]:
-    """Four groups in 2-D: A, B around (−6, ∓1.5), C, D around (+6, ∓1.5), sd 0.3."""
+def grouped_data(seed: int, per_group: int, groups: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Four groups in 2-D: A, B around (−6, ∓1.5), C, D around (+6, ∓1.5), sd 0.3.
+
+    ``groups=8``: a three-level hierarchy, the four groups above at y = −6 and a copy at
+    y = +6 shifted by 24 in x; the right top split then puts groups 0-3 against 4-7.
+    """
     rng = np.random.default_rng(seed)
     centers = np.array([[-6.0, -1.5], [-6.0, 1.5], [6.0, -1.5], [6.0, 1.5]])
+    if groups == 8:
+        centers = np.concatenate([centers + [-12.0, -6.0], centers + [12.0, 6.0]])
+    elif groups != 4:
+        raise ValueError("groups must be 4 or 8")
     X = np.concatenate([c + 0.3 * rng.normal(size=(per_group, 2)) for c in centers])
-    return X, np.repeat(np.arange(4), per_group)
+    return X, np.repeat(np.arange(groups), per_group)
 
 
 def hyperpriors(X: np.ndarray) -> ddt_mcmc.Hyperpriors:
@@ -118,7 +132,7 @@ def top_split_is_right(tree, truth) -> bool:
     parent, children = np.asarray(tree.parent), np.asarray(tree.children)
     n = truth.shape[0]
     root = int(np.argmax(parent < 0))
-    pair = truth // 2
+    pair = truth // ((int(truth.max()) + 1) // 2)
 
     def leaves(v):
         if v < n:
@@ -259,9 +273,9 @@ def throughput(chain_counts, n_points, repeats, seed=0):
 
 
 # ------------------------------------------------------------------------------ part 2
-def population_vs_independent(num_chains, per_group, configs, seconds, repeats, chunk=5):
+def population_vs_independent(num_chains, per_group, configs, seconds, repeats, chunk=5, groups=4):
     """``configs``: ``{name: (subset_size, temperature)}`` for the population runs."""
-    X, truth = grouped_data(123, per_group)
+    X, truth = grouped_data(123, per_group, groups)
     hyper = hyperpriors(X)
     noise = NOISE_FRACTION * float(X.std())
     Xj = jnp.asarray(X, jnp.result_type(float))
@@ -347,7 +361,7 @@ def population_vs_independent(num_chains, per_group, configs, seconds, repeats, 
                   f"{out[name]['best_tree_right_split'][-1]}; in log-time coordinates "
                   f"{float(bests['x'][0]):.2f}, right split {out[name]['best_log_time_tree_right_split'][-1]}; "
                   f"chains with the right split at the end: {np.mean(final):.2f}", flush=True)
-    return {"num_points": X.shape[0], "num_chains": num_chains,
+    return {"num_points": X.shape[0], "num_chains": num_chains, "groups": groups,
             "configs": {name: {"subset_size": k, "temperature": t} for name, (k, t) in configs.items()},
             "seconds_per_run": seconds, "repeats": repeats, "results": out}
 
@@ -358,7 +372,7 @@ def write_population_markdown(res: dict, lines: list) -> None:
     cfg = p["configs"]
     lines += [
         "",
-        f"## 2. Population MCMC vs independent chains at equal wall time ({p['num_points']} points in 4 groups, "
+        f"## 2. Population MCMC vs independent chains at equal wall time ({p['num_points']} points in {p.get('groups', 4)} groups, "
         f"{p['num_chains']} chains, {p['seconds_per_run']:g} s per run, {p['repeats']} repeats)",
         "",
         "Every method starts from the same prior draws in each repeat and runs for the same number of "
@@ -395,9 +409,10 @@ def write_population_markdown(res: dict, lines: list) -> None:
                      f"{[round(v, 3) for v in r['best_c']]}, σ {[round(v, 2) for v in r['best_sigma']]}; "
                      f"largest |tracked − recomputed| log posterior "
                      f"{max(abs(a - b) for a, b in zip(r['best_log_posterior'], r['best_log_posterior_recomputed'])):.2e}")
-    g = p["num_points"] // 4
-    lines += ["", f"The right top split means the root's two clades are A∪B and C∪D ({g} + {g} | {g} + {g} "
-              "points). \"Best log posterior\" is a highest density seen, and densities depend on "
+    g = p["num_points"] // p.get("groups", 4)
+    split = (f"A∪B and C∪D ({g} + {g} | {g} + {g} points)" if p.get("groups", 4) == 4 else
+             f"groups 0-3 and groups 4-7 ({4 * g} | {4 * g} points)")
+    lines += ["", f"The right top split means the root's two clades are {split}. \"Best log posterior\" is a highest density seen, and densities depend on "
               "coordinates: in the divergence times t (the kernel's `log_joint`) the structure term "
               "is unbounded as times approach 1 when c H_{m−1} < 1, so the highest-t-density "
               "state can be an odd one (e.g. a huge σ with every divergence late and a lopsided root "
@@ -473,7 +488,9 @@ def main(argv=None):
     parser.add_argument("--only-population", action="store_true",
                         help="run part 2 alone (writes ddt_population.json and ddt_population.md)")
     parser.add_argument("--pop-points-per-group", type=int, default=None,
-                        help="part 2: points in each of the 4 groups (default 50; --quick 8)")
+                        help="part 2: points in each group (default 50; --quick 8)")
+    parser.add_argument("--pop-groups", type=int, choices=(4, 8), default=4,
+                        help="part 2: 4 groups (two pairs) or 8 (pairs of pairs of pairs)")
     parser.add_argument("--pop-chains", type=int, default=None, help="part 2: chains (default 24; --quick 8)")
     parser.add_argument("--pop-seconds", type=float, default=None,
                         help="part 2: seconds per run (default 40; --quick 4)")
@@ -487,8 +504,9 @@ def main(argv=None):
     runs = args.pop_repeats or runs
     per_group = args.pop_points_per_group or per_group
     chains = args.pop_chains or chains
-    configs = {"population": (min(8, 4 * per_group - 1), 1.0), "population, large k": (min(32, 4 * per_group - 1), 1.0),
-               "population, tempered": (min(8, 4 * per_group - 1), 4.0)}
+    n_pop = args.pop_groups * per_group
+    configs = {"population": (min(8, n_pop - 1), 1.0), "population, large k": (min(32, n_pop - 1), 1.0),
+               "population, tempered": (min(8, n_pop - 1), 4.0)}
     res = {"mode": "quick" if args.quick else "default", "machine": machine_info(),
            "date": utc_now()}
     sizes = args.sweep_sizes or ([32, 128, 512] if args.quick else [32, 128, 512, 1300, 4096, 10000])
@@ -498,15 +516,16 @@ def main(argv=None):
     if args.only_population:
         print("2. population vs independent chains at equal wall time", flush=True)
         res["population"] = population_vs_independent(num_chains=chains, per_group=per_group, configs=configs,
-                                                       seconds=seconds, repeats=runs)
+                                                       seconds=seconds, repeats=runs, groups=args.pop_groups)
     elif not args.only_sweeps:
         print("1. throughput of vmapped chains", flush=True)
         res["throughput"] = throughput(counts, n_points=32, repeats=repeats)
         print("2. population vs independent chains at equal wall time", flush=True)
         res["population"] = population_vs_independent(num_chains=chains, per_group=per_group, configs=configs,
-                                                       seconds=seconds, repeats=runs)
+                                                       seconds=seconds, repeats=runs, groups=args.pop_groups)
     out = Path(args.out)
-    stem = "ddt_sweeps" if args.only_sweeps else "ddt_population" if args.only_population else "ddt"
+    stem = ("ddt_sweeps" if args.only_sweeps else "ddt" if not args.only_population else
+            "ddt_population" if args.pop_groups == 4 else f"ddt_population_{args.pop_groups}groups")
     write_json(out / f"{stem}.json", res, indent=2)
     write_markdown(res, out / f"{stem}.md")
     print(f"wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
