@@ -2,7 +2,7 @@
 
 For each data set (iris: 150 x 4; a random subset of digits: 64 pixels), standardised:
 
-* ``fit_ddt`` (population MCMC, default settings but for the run length given here): the
+* ``fit_ddt`` (population MCMC from the Ward tree: default settings but for the run length given here): the
   best tree's top splits (the clades below the root and below its children), each with
   its species/digit composition and its **posterior probability**: the share of the
   retained draws (all chains) in which that set of points is a clade;
@@ -140,7 +140,7 @@ def write_markdown(res, path):
     lines = ["# Dirichlet diffusion trees and Ward linkage on scikit-learn's data", "",
              f"Machine: {res['machine']['cpu_model']} ({res['machine']['cpu_count']} CPUs); run {res['date']}. `python benchmarks/ddt_real.py"
              f"{' ' + res['args'] if res['args'] else ''}`.", "",
-             "Data standardised per column. DDT: `fit_ddt` (population MCMC, `c` and `σ` sampled, "
+             "Data standardised per column. DDT: `fit_ddt` (population MCMC from the Ward tree, its default; `c` and `σ` sampled, "
              "noise 0.1 × sd), best tree of the retained draws. A clade's posterior probability is "
              "the share of retained draws (all chains) in which exactly that set of points hangs "
              "below one node. Level 1: the root's two subtrees; level 2: theirs.", ""]
