@@ -10,9 +10,11 @@
    subtree moves, times 2n − 1), marked as such. Beside it the tree's depth.
 1. Throughput of the within-chain sampler (``jaxbnp.inference.trees.mcmc.step``:
    ``n`` subtree moves, ``n − 1`` time moves, slice updates of ``c`` and ``σ``)
-   for 1, 2, 4, …, 256 chains in one ``jax.jit(jax.vmap(step))`` program:
-   chain-steps per second and the ratio to one chain. Compile excluded
-   (reported separately); median over timed repeats.
+   for 1, 2, 4, …, 256 chains (64 at most for n > 32), the chains' sweeps vmapped
+   (one batched program) and mapped (``lax.map``), as ``population.run_chains``
+   runs them: chain-steps per second and the ratio to one chain, at the n of
+   ``--throughput-points``. Compile excluded (reported separately); median over
+   timed repeats.
 2. Population MCMC (``jaxbnp.inference.trees.population.step``: the same sweeps
    plus the exchange move on ``K/2`` random pairs) against the same number of
    independent chains (the sweeps alone, run the same way: ``population.run_chains``)
@@ -31,7 +33,7 @@ Everything runs in JAX's default dtype (float32), on the default device
 (the CPU here; the script is the same on a GPU).
 
 Results go to ``benchmarks/results/ddt.json`` and ``benchmarks/results/ddt.md``
-(``--only-sweeps``: ``ddt_sweeps.*``; ``--only-population``: ``ddt_population.*``, or
+(``--only-sweeps``: ``ddt_sweeps.*``; ``--only-throughput``: ``ddt_throughput.*``; ``--only-population``: ``ddt_population.*``, or
 ``ddt_population_8groups.*`` with ``--pop-groups 8``).
 
 Usage::
@@ -242,33 +244,41 @@ def sweep_time(sizes, full_limit_s=60.0, warm_sweeps=3, seed=0):
 
 # ------------------------------------------------------------------------------ part 1
 def throughput(chain_counts, n_points, repeats, seed=0):
+    """Chain-steps per second with the chains' sweeps vmapped (one batched program) and
+    mapped (``lax.map``: one after another in one program), as ``population.run_chains``."""
     X, _ = grouped_data(seed, n_points // 4)
     hyper = hyperpriors(X)
     noise = NOISE_FRACTION * float(X.std())
     Xj = jnp.asarray(X, jnp.result_type(float))
     rows = []
     for num in chain_counts:
-        states = prior_states(jax.random.key(seed), X, num, hyper, noise)
-        run = jax.jit(jax.vmap(lambda k, s: ddt_mcmc.step(k, s, Xj, hyper)[0]))
-        keys = jax.random.split(jax.random.key(1), num)
-        t0 = time.perf_counter()
-        states = jax.block_until_ready(run(keys, states))
-        compile_s = time.perf_counter() - t0
-        steps = max(2, int(64 / num) + 1)  # enough work per timing at small batch sizes
-        times = []
-        for r in range(repeats):
+        row = {"chains": num, "repeats": repeats}
+        for how in ("vmap", "map"):
+            states = prior_states(jax.random.key(seed), X, num, hyper, noise)
+            run = jax.jit(lambda k, s, how=how: population.run_chains(
+                lambda kk, ss, x: ddt_mcmc.step(kk, ss, x, hyper)[0], k, s, Xj, in_axes=(0, 0, None), how=how))
+            keys = jax.random.split(jax.random.key(1), num)
             t0 = time.perf_counter()
-            for i in range(steps):
-                states = run(jax.random.split(jax.random.key(100 * r + i), num), states)
-            jax.block_until_ready(states)
-            times.append((time.perf_counter() - t0) / steps)
-        sec = statistics.median(times)
-        rows.append({"chains": num, "seconds_per_step": sec, "chain_steps_per_second": num / sec,
-                     "compile_and_first_step_s": compile_s, "repeats": repeats, "steps_per_repeat": steps})
-        print(f"  {num:4d} chains: {num / sec:9.1f} chain-steps/s ({1e3 * sec:.2f} ms/step)", flush=True)
-    base = rows[0]["chain_steps_per_second"]
-    for row in rows:
-        row["ratio_to_one_chain"] = row["chain_steps_per_second"] / base
+            states = jax.block_until_ready(run(keys, states))
+            compile_s = time.perf_counter() - t0
+            steps = max(2, int(64 / num) + 1)  # enough work per timing at small batch sizes
+            times = []
+            for r in range(repeats):
+                t0 = time.perf_counter()
+                for i in range(steps):
+                    states = run(jax.random.split(jax.random.key(100 * r + i), num), states)
+                jax.block_until_ready(states)
+                times.append((time.perf_counter() - t0) / steps)
+            sec = statistics.median(times)
+            row[how] = {"seconds_per_step": sec, "chain_steps_per_second": num / sec,
+                        "compile_and_first_step_s": compile_s, "steps_per_repeat": steps}
+            print(f"  n = {n_points}, {num:4d} chains, {how:4s}: {num / sec:9.1f} chain-steps/s "
+                  f"({1e3 * sec:.2f} ms/step)", flush=True)
+        rows.append(row)
+    for how in ("vmap", "map"):
+        base = rows[0][how]["chain_steps_per_second"]
+        for row in rows:
+            row[how]["ratio_to_one_chain"] = row[how]["chain_steps_per_second"] / base
     return {"num_points": n_points, "dim": 2, "rows": rows}
 
 
@@ -367,6 +377,28 @@ def population_vs_independent(num_chains, per_group, configs, seconds, repeats, 
 
 
 # ----------------------------------------------------------------------------------- report
+def write_throughput_markdown(res: dict, lines: list) -> None:
+    for part in res["throughput"]:
+        lines += [
+            "",
+            f"## 1. Within-chain sampler over many chains, n = {part['num_points']} points, D = 2",
+            "",
+            "One step = n subtree moves + (n − 1) time moves + slice updates of c and σ on every "
+            "chain. vmap: the chains' sweeps as one batched program (`jit(vmap(step))`); map: one "
+            "after another in one program (`lax.map`); `population.run_chains` picks map on CPU. "
+            "Compile excluded (reported separately); median over repeats.",
+            "",
+            "| chains | vmap: ms per step | chain-steps / s | ratio to 1 chain | map: ms per step | chain-steps / s | ratio to 1 chain | compile + first step, vmap / map (s) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in part["rows"]:
+            v, m = row["vmap"], row["map"]
+            lines.append(f"| {row['chains']} | {1e3 * v['seconds_per_step']:.2f} | {v['chain_steps_per_second']:.1f} | "
+                         f"{v['ratio_to_one_chain']:.1f}× | {1e3 * m['seconds_per_step']:.2f} | "
+                         f"{m['chain_steps_per_second']:.1f} | {m['ratio_to_one_chain']:.1f}× | "
+                         f"{v['compile_and_first_step_s']:.1f} / {m['compile_and_first_step_s']:.1f} |")
+
+
 def write_population_markdown(res: dict, lines: list) -> None:
     p = res["population"]
     cfg = p["configs"]
@@ -431,7 +463,10 @@ def write_markdown(res: dict, path: Path) -> None:
         f"Mode: {res['mode']}. Run {res['date']}. No GPU was lent to this task, so there are no GPU rows.",
     ]
     if "sweeps" not in res:
-        write_population_markdown(res, lines)
+        if "throughput" in res:
+            write_throughput_markdown(res, lines)
+        if "population" in res:
+            write_population_markdown(res, lines)
         write_lines(path, lines)
         return
     lines += [
@@ -456,23 +491,12 @@ def write_markdown(res: dict, path: Path) -> None:
         "Extrapolated: 2n − 1 moves at the timed cost of a full-pass subtree move (a time move costs "
         "the same pass).",
     ]
-    if "throughput" not in res:
-        if "population" in res:
-            write_population_markdown(res, lines)
-        write_lines(path, lines)
-        return
-    lines += [
-        "",
-        f"## 1. Within-chain sampler, `jit(vmap(ddt_mcmc.step))`, n = {res['throughput']['num_points']} points, D = 2",
-        "",
-        "One step = n subtree moves + (n − 1) time moves + slice updates of c and σ. Compile excluded.",
-        "",
-        "| chains | ms per step (whole batch) | chain-steps / s | ratio to 1 chain | compile + first step (s) |",
-        "|---:|---:|---:|---:|---:|",
-    ]
-    for row in res["throughput"]["rows"]:
-        lines.append(f"| {row['chains']} | {1e3 * row['seconds_per_step']:.2f} | {row['chain_steps_per_second']:.1f} | "
-                     f"{row['ratio_to_one_chain']:.1f}× | {row['compile_and_first_step_s']:.1f} |")
+    if "throughput" in res:
+        write_throughput_markdown(res, lines)
+    if "population" in res:
+        write_population_markdown(res, lines)
+    write_lines(path, lines)
+    write_throughput_markdown(res, lines)
     write_population_markdown(res, lines)
     write_lines(path, lines)
 
@@ -485,6 +509,10 @@ def main(argv=None):
                         help="n for part 0 (default 32 128 512 1300 4096 10000; --quick 32 128 512)")
     parser.add_argument("--only-sweeps", action="store_true",
                         help="run part 0 alone (writes ddt_sweeps.json and ddt_sweeps.md)")
+    parser.add_argument("--only-throughput", action="store_true",
+                        help="run part 1 alone (writes ddt_throughput.json and ddt_throughput.md)")
+    parser.add_argument("--throughput-points", type=int, nargs="+", default=[32],
+                        help="part 1: n (default 32); the chain counts stop at 64 for n > 32")
     parser.add_argument("--only-population", action="store_true",
                         help="run part 2 alone (writes ddt_population.json and ddt_population.md)")
     parser.add_argument("--pop-points-per-group", type=int, default=None,
@@ -510,21 +538,21 @@ def main(argv=None):
     res = {"mode": "quick" if args.quick else "default", "machine": machine_info(),
            "date": utc_now()}
     sizes = args.sweep_sizes or ([32, 128, 512] if args.quick else [32, 128, 512, 1300, 4096, 10000])
-    if not args.only_population:
+    only = args.only_sweeps or args.only_throughput or args.only_population
+    if args.only_sweeps or not only:
         print("0. sweep time against n", flush=True)
         res["sweeps"] = sweep_time(sizes)
-    if args.only_population:
-        print("2. population vs independent chains at equal wall time", flush=True)
-        res["population"] = population_vs_independent(num_chains=chains, per_group=per_group, configs=configs,
-                                                       seconds=seconds, repeats=runs, groups=args.pop_groups)
-    elif not args.only_sweeps:
-        print("1. throughput of vmapped chains", flush=True)
-        res["throughput"] = throughput(counts, n_points=32, repeats=repeats)
+    if args.only_throughput or not only:
+        print("1. throughput of many chains", flush=True)
+        res["throughput"] = [throughput(counts if n <= 32 else [c for c in counts if c <= 64], n_points=n,
+                                        repeats=repeats) for n in args.throughput_points]
+    if args.only_population or not only:
         print("2. population vs independent chains at equal wall time", flush=True)
         res["population"] = population_vs_independent(num_chains=chains, per_group=per_group, configs=configs,
                                                        seconds=seconds, repeats=runs, groups=args.pop_groups)
     out = Path(args.out)
-    stem = ("ddt_sweeps" if args.only_sweeps else "ddt" if not args.only_population else
+    stem = ("ddt_sweeps" if args.only_sweeps else "ddt_throughput" if args.only_throughput else
+            "ddt" if not args.only_population else
             "ddt_population" if args.pop_groups == 4 else f"ddt_population_{args.pop_groups}groups")
     write_json(out / f"{stem}.json", res, indent=2)
     write_markdown(res, out / f"{stem}.md")
