@@ -381,9 +381,10 @@ def run_chains(fn: Callable, *args, in_axes, how: str = "auto"):
 
     Why ``map`` on CPU: a sweep's moves are walks along root paths (``while`` loops whose
     length differs from chain to chain). One chain's walk compiles on XLA:CPU into a tight
-    loop; the batched walk runs every step through XLA's runtime, and 4 vmapped chains took
-    3 times as long as the same 4 chains one after another at 1,300 points. An accelerator
-    needs the batch.
+    loop; the batched walk runs every step through XLA's runtime: at 512 points 4 vmapped
+    chains took 1.6 times as long as the same 4 chains one after another, 64 took 2.1 times
+    (docs/benchmarks.md, diffusion trees). At a few dozen points vmap wins from about 16
+    chains on; ``how="vmap"`` picks it. An accelerator needs the batch.
     """
     if how not in CHAIN_BATCHING:
         raise ValueError(f"chain_batching must be one of {CHAIN_BATCHING}, got {how!r}.")
