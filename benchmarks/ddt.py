@@ -129,6 +129,13 @@ def log_posterior_log_time(states, hyper):
     return log_posterior(states, hyper) + jnp.sum(jnp.log1p(-states.tree.time[..., n:]), axis=-1)
 
 
+def independent_sweeps(Xj, hyper, how="auto"):
+    """``(keys, states) -> states``: one within-chain sweep on every chain, the chains run as
+    ``population.run_chains`` runs them (``how``)."""
+    return lambda keys, states: population.run_chains(
+        lambda k, s, x: ddt_mcmc.step(k, s, x, hyper)[0], keys, states, Xj, in_axes=(0, 0, None), how=how)
+
+
 def top_split_is_right(tree, truth) -> bool:
     """Whether the root's two clades are {A ∪ B} and {C ∪ D} (``truth`` in 0..3)."""
     parent, children = np.asarray(tree.parent), np.asarray(tree.children)
@@ -255,8 +262,7 @@ def throughput(chain_counts, n_points, repeats, seed=0):
         row = {"chains": num, "repeats": repeats}
         for how in ("vmap", "map"):
             states = prior_states(jax.random.key(seed), X, num, hyper, noise)
-            run = jax.jit(lambda k, s, how=how: population.run_chains(
-                lambda kk, ss, x: ddt_mcmc.step(kk, ss, x, hyper)[0], k, s, Xj, in_axes=(0, 0, None), how=how))
+            run = jax.jit(independent_sweeps(Xj, hyper, how))
             keys = jax.random.split(jax.random.key(1), num)
             t0 = time.perf_counter()
             states = jax.block_until_ready(run(keys, states))
@@ -324,9 +330,8 @@ def population_vs_independent(num_chains, per_group, configs, seconds, repeats, 
 
     # the independent chains run their sweeps as the population does (population.run_chains:
     # lax.map on CPU, vmap on an accelerator), so the comparison isolates the exchange move
-    ind_step = tracker(lambda k, s: population.run_chains(
-        lambda kk, ss, x: ddt_mcmc.step(kk, ss, x, hyper)[0], jax.random.split(k, num_chains), s, Xj,
-        in_axes=(0, 0, None)))
+    sweeps = independent_sweeps(Xj, hyper)
+    ind_step = tracker(lambda k, s: sweeps(jax.random.split(k, num_chains), s))
     methods = {"independent": ind_step, **{name: pop(*cfg) for name, cfg in configs.items()}}
     out = {name: {"best_log_posterior": [], "best_log_posterior_recomputed": [], "best_tree_right_split": [],
                   "best_root_split_sizes": [], "best_c": [], "best_sigma": [],
