@@ -279,3 +279,61 @@ def test_fit_options_and_posterior_summary():
     prior = bhmc.fit_bhmc(jax.random.key(0), X, depth=2, num_samples=3, num_warmup=1, init="prior",
                           store_samples=False, compiler_options=FAST)
     assert prior.summary_labels_per_level is None
+
+
+def test_fit_starts_from_given_paths_and_components():
+    """``init=(paths, c)``: a node is its path prefix (ids need only tell siblings apart), the
+    components are compacted, and the chains start there (the first draw, one sweep on, keeps
+    the single path it was given, where Ward's start has two first-level nodes); bad starts raise before anything compiles."""
+    X = np.r_[np.random.default_rng(0).normal(-3, 0.3, (10, 2)), np.random.default_rng(1).normal(3, 0.3, (10, 2))]
+    group = np.arange(20) // 10
+    paths = np.stack([group + 7, np.arange(20) % 2], axis=1)  # leaf id 0/1 reused under both groups
+    c = 5 * group + 40
+    out, comps = bhmc._given_start((paths, c), 20, 2)
+    np.testing.assert_array_equal(out[:, 0], 1 + group)
+    assert len(np.unique(out[:, 1])) == 4 and out[:, 1].min() == 3  # four leaves, numbered after level 1
+    np.testing.assert_array_equal(comps, group)
+    for bad, match in [((paths[:, :1], c), r"paths of shape \(20, 2\)"), ((paths, c[:5]), "c of shape"),
+                       ((paths + 0.5, c), "integers"), ("kmeans", "init must be"), ((paths,), "pair")]:
+        with pytest.raises(ValueError, match=match):
+            bhmc.fit_bhmc(jax.random.key(0), X, init=bad)
+    with pytest.raises(ValueError, match="component_capacity"):
+        bhmc.fit_bhmc(jax.random.key(0), X, init=(paths, np.arange(20)), component_capacity=4)
+    # a start Ward's would not give: every point on one path; with a tiny alpha no point
+    # leaves it in a sweep, and Ward's two first-level nodes stay two
+    one_path = (np.ones((20, 2), int), c)
+    draws = [bhmc.fit_bhmc(jax.random.key(0), X, depth=2, alpha=1e-4, num_samples=1, num_warmup=0, init=init,
+                           regraft=False, compiler_options=FAST).samples["paths"][0, 0, :, 0]
+             for init in [one_path, "ward"]]
+    assert [len(np.unique(d)) for d in draws] == [1, 2]
+
+
+@pytest.mark.parametrize("start", ["one-component", "three-components"])
+def test_split_merge_finds_the_two_groups(start):
+    """The component split-merge (with the weights' update, no point moves) splits one component
+    that holds two far groups and merges two components that cut one group: from either start,
+    40 moves reach one component per group (a move with its ratio inverted would not)."""
+    X = np.r_[np.random.default_rng(0).normal(-3, 0.3, (10, 2)), np.random.default_rng(1).normal(3, 0.3, (10, 2))]
+    group = np.arange(20) // 10
+    hyper = nested.NestedHDP(depth=2, alpha=1.0, gamma0=1.0, gamma=1.0, Sigma=0.1 * np.eye(2),
+                             Sigma0=10.0 * np.eye(2), mu0=np.zeros(2))
+    model = bhmc.make_model(hyper)
+    config = bhmc.BHMCConfig(2, 16, 8)
+    Xj = jnp.asarray(X, jnp.result_type(float))
+    c = np.zeros(20, int) if start == "one-component" else np.where(group == 0, np.arange(20) % 2, 2)
+    state = bhmc.init_from(jax.random.key(0), Xj, np.ones((20, 2), int), c, hyper, model, config)
+
+    @jax.jit
+    def moves(key, state):
+        def body(t, carry):
+            state, n = carry
+            k_sm, k_beta = jax.random.split(jax.random.fold_in(key, t))
+            state, go = bhmc.split_merge(k_sm, state, Xj, model, config)
+            return bhmc.update_beta_exact(k_beta, state, config), n + go
+        return jax.lax.fori_loop(0, 40, body, (state, 0))
+
+    state, accepted = moves(jax.random.key(1), state)
+    assert int(accepted) >= 1 and not bool(state.overflow)
+    assert metrics.ari(group, np.asarray(state.c)) == pytest.approx(1.0)
+    np.testing.assert_array_equal(np.asarray(state.node_comp[0]).sum(), 20)
+    assert int(state.comp_active.sum()) == 2

@@ -106,10 +106,11 @@ def test_path_prior_sums_to_one_over_all_configurations(alpha):
 N, L, D, K = 4, 2, 1, 16
 M = nested.default_node_capacity(N, L)
 HYPER = nested.NestedHDP(depth=L, alpha=1.0, gamma0=1.0, gamma=1.0, Sigma=[[0.3]], Sigma0=[[1.0]])
-CONFIG = bhmc.BHMCConfig(L, M, K, update_beta=False, regraft=False)  # path_update="gibbs", the default
+CONFIG = bhmc.BHMCConfig(L, M, K, update_beta=False, regraft=False, split_merge=0)  # path_update="gibbs"
 CONFIG_MH = CONFIG._replace(path_update="mh")
 CONFIG_BETA = CONFIG._replace(update_beta=True)  # beta_rule="exact", the default
-CONFIG_ALL = CONFIG_BETA._replace(regraft=True)  # every update on: the defaults
+CONFIG_SM = CONFIG._replace(split_merge=3)  # the points and component split-merge moves
+CONFIG_ALL = CONFIG_BETA._replace(regraft=True, split_merge=1)  # every update on: the defaults
 MODEL = bhmc.make_model(HYPER)
 NUM_CHAINS, NUM_FORWARD = 400, 2000
 NUM_SWEEPS = 20
@@ -188,7 +189,8 @@ def geweke_setup():
     return forward, start
 
 
-@pytest.mark.parametrize("config", [CONFIG, CONFIG_MH, CONFIG_ALL], ids=["gibbs", "mh", "all-updates"])
+@pytest.mark.parametrize("config", [CONFIG, CONFIG_MH, CONFIG_SM, CONFIG_ALL],
+                         ids=["gibbs", "mh", "split-merge", "all-updates"])
 def test_geweke_successive_conditional(geweke_setup, config):
     forward, start = geweke_setup
     chain = make_geweke_run(config)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
@@ -240,10 +242,29 @@ def test_geweke_power_regraft_with_wrong_new_branch_weight(geweke_setup, monkeyp
         return exact(z, state._replace(alpha=3.0 * state.alpha), config)
 
     monkeypatch.setattr(bhmc, "regraft_log_prior", broken)
-    chain = make_geweke_run(CONFIG_ALL)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
+    config = CONFIG_ALL._replace(split_merge=0)  # the move under test and the updates it needs
+    chain = make_geweke_run(config)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
     pvals = compare(forward, chain)
     print("Geweke p-values, broken subtree move:", pvals)
     assert min(pvals.values()) < 1e-4, pvals  # measured: 8e-6 (the number of first-level nodes)
+
+
+def test_geweke_power_split_merge_with_wrong_ratio(geweke_setup, monkeypatch):
+    """Power of the Geweke test for the component split-merge moves: a split ratio three times
+    too large (as if ``γ0`` were tripled in the move alone; merges three times less likely)
+    is rejected."""
+    forward, start = geweke_setup
+    exact = bhmc.split_merge_log_ratio
+
+    def broken(*args):
+        log_ratio, in_b = exact(*args)
+        return log_ratio + jnp.log(3.0), in_b
+
+    monkeypatch.setattr(bhmc, "split_merge_log_ratio", broken)
+    chain = make_geweke_run(CONFIG_SM)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
+    pvals = compare(forward, chain)
+    print("Geweke p-values, broken split-merge:", pvals)
+    assert min(pvals.values()) < 1e-4, pvals
 
 
 def test_geweke_power_paper_beta_rule(geweke_setup):

@@ -132,6 +132,8 @@ __all__ = [
     "regraft_log_prior",
     "regraft_log_weights",
     "regraft_node",
+    "split_merge",
+    "split_merge_log_ratio",
     "state_from_simulation",
     "step",
     "update_beta",
@@ -162,6 +164,8 @@ class BHMCConfig(NamedTuple):
     regraft: after the points, a Gibbs draw of the place of every subtree below the first
     level (:func:`regraft`: whole leaves and subtrees move to another parent or a new branch;
     with ``beta_rule="exact"`` the leaves move inside the ``β`` update, :func:`regraft_leaves`).
+    split_merge: Metropolis-Hastings split-or-merge moves of the components per sweep, after
+    the points (:func:`split_merge`; ``0``: none).
     """
 
     depth: int
@@ -176,6 +180,7 @@ class BHMCConfig(NamedTuple):
     beta_mh_steps: int = 20
     beta_mh_scale: float = 0.3
     regraft: bool = True
+    split_merge: int = 1
 
 
 class BHMCModel(NamedTuple):
@@ -250,13 +255,15 @@ class BHMCInfo(NamedTuple):
     made (one per point, ``N``). hyper_accepted: ``(3,)``
     bool, the MH moves of ``α, γ0, γ`` accepted (all ``False`` when
     ``update_hyper`` is off). num_regrafted: ``()`` int32 subtrees that :func:`regraft`
-    moved to another place.
+    moved to another place. num_split_merge: ``()`` int32 component splits and merges
+    accepted (:func:`split_merge`).
     """
 
     num_accepted: jax.Array
     num_proposed: jax.Array
     hyper_accepted: jax.Array
     num_regrafted: jax.Array
+    num_split_merge: jax.Array
 
 
 # ------------------------------------------------------------------------------ model constants
@@ -811,6 +818,156 @@ def regraft(key, state: BHMCState, config: BHMCConfig, last_level: int | None = 
     return state, total
 
 
+# ------------------------------------------------------------------------------ component split-merge
+def _predictive_logpdf(x, n, total, model: BHMCModel):
+    """``log p(x | the n points with sum total)`` of one component, its mean integrated out:
+    ``N(x; m_n, Σ + Λ_n⁻¹)`` with ``Λ_n = Σ0⁻¹ + n Σ⁻¹``, ``m_n = Λ_n⁻¹(Σ0⁻¹μ0 + Σ⁻¹ total)``."""
+    prec = model.prec0 + n * model.prec_sigma
+    chol_prec = jnp.linalg.cholesky(prec)
+    mean = jax.scipy.linalg.cho_solve((chol_prec, True), model.prec0_mu0 + model.prec_sigma @ total)
+    cov = model.chol_sigma @ model.chol_sigma.T + jax.scipy.linalg.cho_solve((chol_prec, True), jnp.eye(x.shape[0], dtype=x.dtype))
+    return _mvn_logpdf(x[None, :], mean, jnp.linalg.cholesky(cov))[0]
+
+
+def split_merge_log_ratio(state: BHMCState, X, model: BHMCModel, i, j, k, log_u, order, log_unif, in_b):
+    """Log Metropolis-Hastings ratio of splitting component ``k`` in two (docs/mathematics.md
+    §6, "Component split-merge"), and the split: point ``i`` in the part ``a`` that keeps
+    ``k``, ``j`` in the other, ``b``, and the other points of ``k`` allocated one by one in
+    ``order`` (``i``, ``j`` first), each with its conditional given the points before it: drawn
+    with the uniforms ``log_unif`` ``(N,)`` (logs), or, where ``in_b`` is given (a merge's
+    reverse split), that one. Every node above the leaves splits its weight ``β_zk`` into
+    ``u_z β_zk`` and ``(1 − u_z) β_zk`` (``log_u`` ``(M, 2)``: ``log u_z``, ``log(1 − u_z)``);
+    the leaves' weights and the means are integrated out. With ``s`` the points of ``k``::
+
+        log γ0 − log u_root − log(1 − u_root)
+            + Σ_leaves [log DM(n_ℓa, n_ℓb; γβ_Pk u_P, γβ_Pk (1 − u_P)) − log DM(n_ℓs; γβ_Pk)]
+            + log m(X_a) + log m(X_b) − log m(X_s) − log q(allocation)
+
+    (``DM`` the Dirichlet-multinomial factor of a leaf below ``P``, ``m`` the Gaussian marginal
+    of a component; the weights of the nodes between the root and the leaves' parents are
+    split by their prior, ``u_z ~ Beta(γβ_pk u_p, γβ_pk (1 − u_p))``, which cancels).
+    Returns ``(log ratio, in_b)``."""
+    M = state.count.shape[0]
+    n_pts, D = X.shape
+    ftype = state.log_beta.dtype
+    floor = jnp.log(jnp.finfo(ftype).tiny)
+    forced = in_b is not None
+    in_b = jnp.zeros(n_pts, bool) if in_b is None else in_b
+    p = jnp.maximum(state.parent, 0)
+    leaf_of = state.paths[:, -1]
+    base = jnp.log(state.gamma) + jnp.maximum(state.log_beta[p, k], floor)
+    # (M,): a leaf's two Dirichlet parameters (an underflowed weight: the smallest positive one)
+    log_a, log_b = jnp.maximum(base + log_u[p, 0], floor), jnp.maximum(base + log_u[p, 1], floor)
+    in_s = state.c == k
+
+    def body(t, carry):
+        n_a, n_b, stats, in_b, log_q, log_m = carry  # stats (3, 1 + D): count and sum of a, b, s
+        n = order[t]
+        x, ell = X[n], leaf_of[n]
+        pred = jax.vmap(lambda st: _predictive_logpdf(x, st[0], st[1:], model))(stats)
+        w_a = jnp.logaddexp(log_a[ell], jnp.log(n_a[ell].astype(ftype))) + pred[0]
+        w_b = jnp.logaddexp(log_b[ell], jnp.log(n_b[ell].astype(ftype))) + pred[1]
+        lp_b = w_b - jnp.logaddexp(w_a, w_b)
+        lp_a = w_a - jnp.logaddexp(w_a, w_b)
+        drawn = in_b[n] if forced else log_unif[n] < lp_b
+        go_b = jnp.where(n == i, False, jnp.where(n == j, True, drawn)) & in_s[n]
+        free = in_s[n] & (n != i) & (n != j)
+        log_q = log_q + jnp.where(free, jnp.where(go_b, lp_b, lp_a), 0.0)
+        log_m = log_m + jnp.where(in_s[n], jnp.where(go_b, pred[1], pred[0]) - pred[2], 0.0)
+        add = in_s[n].astype(ftype) * jnp.concatenate([jnp.ones(1, ftype), x])
+        stats = stats.at[go_b.astype(jnp.int32)].add(add).at[2].add(add)
+        n_a = n_a.at[ell].add((in_s[n] & ~go_b).astype(jnp.int32))
+        n_b = n_b.at[ell].add(go_b.astype(jnp.int32))
+        return n_a, n_b, stats, in_b.at[n].set(go_b), log_q, log_m
+
+    zeros = jnp.zeros(M, jnp.int32)
+    carry = (zeros, zeros, jnp.zeros((3, 1 + D), ftype), in_b, jnp.zeros((), ftype), jnp.zeros((), ftype))
+    n_a, n_b, _, in_b, log_q, log_m = lax.fori_loop(0, n_pts, body, carry)
+    n_s = n_a + n_b
+    ea, eb = jnp.exp(log_a), jnp.exp(log_b)
+    es = ea + eb
+    dm = (lax.lgamma(ea + n_a) - lax.lgamma(ea) + lax.lgamma(eb + n_b) - lax.lgamma(eb)
+          - lax.lgamma(es + n_s) + lax.lgamma(es))
+    log_dm = jnp.sum(jnp.where(n_s > 0, dm, 0.0))  # n_s > 0 only at leaves
+    root = jnp.log(state.gamma0) - log_u[0, 0] - log_u[0, 1]
+    return root + log_dm + log_m - log_q, in_b
+
+
+def split_merge(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tuple[BHMCState, jax.Array]:
+    """One Metropolis-Hastings split or merge of components (docs/mathematics.md §6, "Component
+    split-merge"; Dahl's sequentially allocated split-merge): two points ``i ≠ j`` drawn at
+    random; in one component, it splits in two (:func:`split_merge_log_ratio`; the root's
+    ``u`` uniform, the nodes below the root by their prior), else their two components merge
+    (the reverse). The leaves' weights and the means are integrated out in the ratio and drawn
+    afterwards from their conditionals (every leaf ``Dir(γβ_parent + N_ℓ)``, :func:`update_theta`),
+    whether or not the move is accepted. Returns the state and whether the move was accepted.
+    A split that needs a component slot when none is free sets ``overflow`` when accepted."""
+    L, M, K = config.depth, config.node_capacity, config.component_capacity
+    n_pts = X.shape[0]
+    ftype = state.log_beta.dtype
+    k_pair, k_order, k_unif, k_root, k_nodes, k_acc, k_leaf, k_theta = jax.random.split(key, 8)
+    i = jax.random.randint(k_pair, (), 0, n_pts)
+    j = (i + 1 + jax.random.randint(jax.random.fold_in(k_pair, 1), (), 0, n_pts - 1)) % n_pts
+    rank = jax.random.permutation(k_order, n_pts).astype(ftype)
+    nodes = jnp.arange(n_pts)
+    order = jnp.argsort(jnp.where(nodes == i, -2.0, jnp.where(nodes == j, -1.0, rank)))
+    ki, kj = state.c[i], state.c[j]
+    split = ki == kj
+    live = state.count > 0
+    p = jnp.maximum(state.parent, 0)
+    lb = state.log_beta
+    floor = jnp.log(jnp.finfo(ftype).tiny)
+    above = live & (state.depth < L) | (jnp.arange(M) == 0)  # the nodes whose weights are split
+
+    # split: u by the prior top down (the root's uniform); merge: the u the components have
+    def level_u(level, log_u):
+        at = above & (state.depth == level) & (jnp.arange(M) > 0)
+        a = state.gamma * jnp.exp(jnp.maximum(lb[p, ki], floor) + log_u[p, 0])
+        b = state.gamma * jnp.exp(jnp.maximum(lb[p, ki], floor) + log_u[p, 1])
+        lu, l1mu = log_beta_pair(jax.random.fold_in(k_nodes, level), a, b)
+        return jnp.where(at[:, None], jnp.stack([lu, l1mu], -1), log_u)
+
+    u0 = jax.random.uniform(k_root, (), ftype, minval=jnp.finfo(ftype).tiny, maxval=1.0)
+    log_u = jnp.zeros((M, 2), ftype).at[0].set(jnp.stack([jnp.log(u0), jnp.log1p(-u0)]))
+    log_u_split = lax.fori_loop(1, L, level_u, log_u)
+    tot = jnp.logaddexp(lb[:, ki], lb[:, kj])
+    log_u_merge = jnp.stack([lb[:, ki] - tot, lb[:, kj] - tot], -1)
+    log_u_merge = jnp.where(jnp.isnan(log_u_merge), jnp.log(0.5), log_u_merge)  # both weights underflowed
+    merged = state._replace(c=jnp.where(state.c == kj, ki, state.c), log_beta=lb.at[:, ki].set(tot))
+    log_unif = jnp.log(jax.random.uniform(k_unif, (n_pts,), ftype, minval=jnp.finfo(ftype).tiny))
+    lr_split, in_b_split = split_merge_log_ratio(state, X, model, i, j, ki, log_u_split, order, log_unif, None)
+    lr_merge, _ = split_merge_log_ratio(merged, X, model, i, j, ki, log_u_merge, order, log_unif,
+                                        state.c == kj)
+    log_ratio = jnp.where(split, lr_split, -lr_merge)
+    accept = jnp.log(jax.random.uniform(k_acc, (), ftype)) < log_ratio
+    slot = jnp.argmin(state.comp_active)
+    no_slot = split & state.comp_active[slot]
+    go = accept & ~no_slot
+
+    def do_split(state):
+        c = jnp.where(in_b_split, slot, state.c).astype(state.c.dtype)
+        new_lb = lb.at[:, slot].set(jnp.where(above, lb[:, ki] + log_u_split[:, 1], -jnp.inf))
+        new_lb = new_lb.at[:, ki].set(jnp.where(above, lb[:, ki] + log_u_split[:, 0], lb[:, ki]))
+        return state._replace(c=c, log_beta=new_lb, comp_active=state.comp_active.at[slot].set(True))
+
+    def do_merge(state):
+        new_lb = lb.at[:, ki].set(jnp.where(above, tot, lb[:, ki])).at[:, kj].set(-jnp.inf)
+        return state._replace(c=merged.c, log_beta=new_lb, comp_active=state.comp_active.at[kj].set(False))
+
+    state = lax.cond(go, lambda s: lax.cond(split, do_split, do_merge, s), lambda s: s, state)
+    full = jnp.concatenate([jnp.zeros((n_pts, 1), jnp.int32), state.paths], axis=1)
+    node_comp = jnp.zeros((M, K), jnp.int32).at[full, state.c[:, None]].add(1)
+    state = state._replace(node_comp=node_comp, overflow=state.overflow | (accept & no_slot))
+    # the integrated-out weights of the leaves and the means, from their conditionals
+    cols = jnp.concatenate([state.comp_active, jnp.ones(1, bool)])
+    leaf = live & (state.depth == L)
+    counts = jnp.concatenate([node_comp, jnp.zeros((M, 1), jnp.int32)], axis=1).astype(ftype)
+    log_n = jnp.where(counts > 0, jnp.log(jnp.maximum(counts, 1.0)), -jnp.inf)
+    conc = jnp.where(cols, jnp.logaddexp(jnp.log(state.gamma) + state.log_beta[p], log_n), -jnp.inf)
+    state = state._replace(log_beta=jnp.where(leaf[:, None], _log_dirichlet(k_leaf, conc), state.log_beta))
+    return update_theta(k_theta, state, X, model, config), go
+
+
 # ------------------------------------------------------------------------------ global updates
 def update_beta(key, state: BHMCState, config: BHMCConfig) -> BHMCState:
     """Eqs. 3–4 top down: ``β_root ~ Dir(N_1..N_K, γ0)``, ``β_z' ~ Dir(N_z'k + γβ_zk, γβ*_z)``.
@@ -1038,7 +1195,8 @@ def update_hyperparameters(key, state: BHMCState, config: BHMCConfig) -> tuple[B
 
 def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tuple[BHMCState, BHMCInfo]:
     """One sweep of Algorithm 2 (module docstring, docs/mathematics.md §6): every point in a
-    random order (:func:`point_update`), with ``regraft`` every subtree below the first level
+    random order (:func:`point_update`), ``split_merge`` component split-or-merge moves
+    (:func:`split_merge`), with ``regraft`` every subtree below the first level
     (:func:`regraft`), then ``B`` (:func:`update_beta_exact` or :func:`update_beta`), ``θ``
     (:func:`update_theta`) and, with ``update_hyper``, the hyperparameters.
 
@@ -1047,6 +1205,7 @@ def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tupl
     n = X.shape[0]
     k_perm, k_points, k_beta, k_theta, k_hyper = jax.random.split(key, 5)
     k_regraft = jax.random.fold_in(key, 5)
+    k_sm = jax.random.fold_in(key, 6)
     order = jax.random.permutation(k_perm, n)
     point_keys = jax.random.split(k_points, n)
 
@@ -1057,6 +1216,15 @@ def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tupl
         return s, num_accepted + info.accepted.astype(jnp.int32)
 
     state, num_accepted = lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.int32)))
+    num_split_merge = jnp.zeros((), jnp.int32)
+    if config.split_merge > 0 and n >= 2:
+        def sm(t, carry):
+            s, total = carry
+            s, moved = lax.cond(s.overflow, lambda s: (s, jnp.bool_(False)),
+                                lambda s: split_merge(jax.random.fold_in(k_sm, t), s, X, model, config), s)
+            return s, total + moved.astype(jnp.int32)
+
+        state, num_split_merge = lax.fori_loop(0, config.split_merge, sm, (state, num_split_merge))
     num_regrafted = jnp.zeros((), jnp.int32)
     leaves_in_beta = config.update_beta and config.beta_rule == "exact"  # moved there, collapsed
     if config.regraft and config.depth >= 2:
@@ -1073,7 +1241,8 @@ def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tupl
         state, hyper_info = update_hyperparameters(k_hyper, state, config)
         hyper_accepted = hyper_info.accepted
     state = state._replace(log_lik=complete_log_likelihood(state, X, model, config))
-    return state, BHMCInfo(num_accepted, jnp.asarray(n, jnp.int32), hyper_accepted, num_regrafted)
+    return state, BHMCInfo(num_accepted, jnp.asarray(n, jnp.int32), hyper_accepted, num_regrafted,
+                           num_split_merge)
 
 
 # ------------------------------------------------------------------------------ initial states
@@ -1352,7 +1521,7 @@ class _GrowingNodes(BHMCKernel):
 
 def _no_moves(n: int) -> BHMCInfo:
     return BHMCInfo(jnp.zeros((), jnp.int32), jnp.asarray(n, jnp.int32), jnp.zeros(3, bool),
-                    jnp.zeros((), jnp.int32))
+                    jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
 
 
 # ------------------------------------------------------------------------------ labels and fit_bhmc
@@ -1420,7 +1589,8 @@ def fit_bhmc(
     path_update: str = "gibbs",
     beta_rule: str = "exact",
     regraft: bool = True,
-    init: str = "ward",
+    split_merge: int = 1,
+    init: str | tuple = "ward",
     store_samples: bool = True,
     compiler_options: dict | str | None = "auto",
     heartbeat: Any = None,
@@ -1429,11 +1599,15 @@ def fit_bhmc(
 
     ``init="ward"`` (default) starts every chain from Ward's tree cut to the depth
     (:func:`ward_start`, ``k = round(sqrt(N / 2))`` components, one per leaf); ``"prior"``
-    from a draw of the prior (:func:`init`). ``path_update``: ``"gibbs"`` (default,
+    from a draw of the prior (:func:`init`); a pair ``(paths, c)`` from those root-to-leaf
+    paths ``(N, depth)`` (a node is its path prefix: ids need only tell siblings apart) and
+    components ``(N,)`` (integers), e.g. a previous fit's ``best.paths`` and ``best.c``. ``path_update``: ``"gibbs"`` (default,
     :func:`path_gibbs`) or ``"mh"`` (the paper's). ``beta_rule``: ``"exact"`` (default,
     :func:`update_beta_exact`) or ``"paper"`` (eqs. 3–4, :func:`update_beta`, not exact).
     ``regraft=True`` (default) adds the subtree moves of :func:`regraft` to every sweep (whole
-    leaves and subtrees change parent; ``False``: the paper's sampler moves points only).
+    leaves and subtrees change parent) and ``split_merge=1`` (default) one component
+    split-or-merge move (:func:`split_merge`); ``regraft=False, split_merge=0`` is the paper's
+    sampler, which moves points only.
     Only the burn-in depends on the start; with the defaults every update is exact.
 
     Defaults from the data: ``mu0`` the mean of ``X``, ``Sigma0`` the diagonal
@@ -1474,7 +1648,7 @@ def fit_bhmc(
     hyper = NestedHDP(depth=depth, alpha=alpha, gamma0=gamma0, gamma=gamma, Sigma=Sigma, Sigma0=Sigma0, mu0=mu0)
     M_most = n * depth + depth + 1  # every point on its own path, and a move's new nodes
     if node_capacity is None:  # start small (a step scores every slot) and double when full
-        M = min(M_most, 64 if init == "ward" else 512)  # a prior draw's ids reach N L
+        M = min(M_most, 512 if init == "prior" else 64)  # a prior draw's ids reach N L
     else:
         M = M_most = check_int("node_capacity", node_capacity, depth + 2)
     K = min(n, 64) if component_capacity is None else check_int("component_capacity", component_capacity, 1)
@@ -1482,10 +1656,19 @@ def fit_bhmc(
         raise ValueError(f"path_update must be 'gibbs' or 'mh', got {path_update!r}.")
     if beta_rule not in ("exact", "paper"):
         raise ValueError(f"beta_rule must be 'exact' or 'paper', got {beta_rule!r}.")
-    if init not in ("ward", "prior"):
-        raise ValueError(f"init must be 'ward' or 'prior', got {init!r}.")
+    given = None
+    if isinstance(init, str):
+        if init not in ("ward", "prior"):
+            raise ValueError(f"init must be 'ward', 'prior' or a (paths, c) pair, got {init!r}.")
+    else:
+        given = _given_start(init, n, depth)
+        if len(np.unique(given[1])) > K:
+            raise ValueError(f"init's c has {len(np.unique(given[1]))} components, more than "
+                             f"component_capacity={K}; pass a larger component_capacity=.")
+    split_merge = check_int("split_merge", split_merge, 0)
     config = BHMCConfig(depth, M, K, bool(update_beta), bool(update_hyper), bool(paper_split),
-                        path_update=path_update, beta_rule=beta_rule, regraft=bool(regraft))
+                        path_update=path_update, beta_rule=beta_rule, regraft=bool(regraft),
+                        split_merge=split_merge)
     ftype = jnp.result_type(float)
     model_args = (jnp.asarray(Xn, ftype), make_model(hyper),
                   BHMCHyper(*(jnp.asarray(v, ftype) for v in (hyper.alpha, hyper.gamma0, hyper.gamma))))
@@ -1498,13 +1681,20 @@ def fit_bhmc(
                        "chain": jnp.arange(num_chains, dtype=jnp.int32)}
     else:
         init_params = {"rng_key": key, "chain": jnp.zeros((), jnp.int32)}
-    if init == "ward":  # Ward's tree cut to the depth; fits the capacities
-        k = min(K, max(2, int(round(math.sqrt(n / 2)))))
-        while k > 1 and 1 + sum(round(k ** (lv / depth)) for lv in range(1, depth + 1)) > M_most:
-            k -= 1
-        while 4 * (1 + sum(round(k ** (lv / depth)) for lv in range(1, depth + 1))) > M < M_most:
+    if init != "prior":  # Ward's tree cut to the depth (fits the capacities), or the given start
+        if given is None:
+            k = min(K, max(2, int(round(math.sqrt(n / 2)))))
+            while k > 1 and 1 + sum(round(k ** (lv / depth)) for lv in range(1, depth + 1)) > M_most:
+                k -= 1
+            paths0, c0 = ward_start(Xn, depth, k)
+        else:
+            paths0, c0 = given
+        num_nodes = 1 + int(paths0.max())
+        if num_nodes > M_most:
+            raise ValueError(f"init's paths have {num_nodes} nodes, more than node_capacity={M_most}; "
+                             "pass a larger node_capacity=.")
+        while 4 * num_nodes > M < M_most:
             M = min(2 * M, M_most)  # room for the start's nodes and three times as many again
-        paths0, c0 = ward_start(Xn, depth, k)
         start = (jnp.asarray(paths0), jnp.asarray(c0))
         if num_chains > 1:
             start = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_chains,) + a.shape), start)
@@ -1551,13 +1741,37 @@ def fit_bhmc(
     return BHMCFit(paths, tree, labels, comps, log_lik, best, samples, hyper, summary)
 
 
+def _given_start(init: Any, n: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fit_bhmc`'s ``init=(paths, c)``, checked and relabelled: a node is its path
+    prefix (ids numbered level by level from 1), the components ``0 .. k − 1``."""
+    try:
+        paths, c = init
+    except (TypeError, ValueError):
+        raise ValueError("init must be 'ward', 'prior' or a (paths, c) pair of arrays.") from None
+    paths, c = np.asarray(paths), np.asarray(c)
+    if paths.shape != (n, depth) or c.shape != (n,):
+        raise ValueError(f"init=(paths, c) needs paths of shape ({n}, {depth}) and c of shape ({n},), "
+                         f"got {paths.shape} and {c.shape}.")
+    for name, a in (("paths", paths), ("c", c)):
+        if a.dtype.kind not in "iu" and not (a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a))):
+            raise ValueError(f"init's {name} must hold integers.")
+    out = np.zeros((n, depth), np.int32)
+    offset = 1
+    for level in range(depth):
+        _, ids = np.unique(paths[:, : level + 1].astype(np.int64), axis=0, return_inverse=True)
+        out[:, level] = offset + ids.reshape(-1)
+        offset += int(ids.max()) + 1
+    return out, np.unique(c, return_inverse=True)[1].reshape(-1).astype(np.int32)
+
+
 def _collect_summary(ks: BHMCKernelState) -> dict:
     """What :func:`fit_bhmc` keeps of each post-warm-up state (module level: the runner caches by it)."""
     s, info = ks.sample, ks.info
     depth = s.paths.shape[-1]
     return {"log_lik": s.log_lik, "num_leaves": jnp.sum((s.count > 0) & (s.depth == depth), axis=-1),
             "num_components": jnp.sum(s.comp_active, axis=-1),
-            "accept_rate": info.num_accepted / info.num_proposed, "num_regrafted": info.num_regrafted}
+            "accept_rate": info.num_accepted / info.num_proposed, "num_regrafted": info.num_regrafted,
+            "num_split_merge": info.num_split_merge}
 
 
 def _collect_draws(ks: BHMCKernelState) -> dict:
