@@ -829,11 +829,11 @@ def _predictive_logpdf(x, n, total, model: BHMCModel):
     return _mvn_logpdf(x[None, :], mean, jnp.linalg.cholesky(cov))[0]
 
 
-def split_merge_log_ratio(state: BHMCState, X, model: BHMCModel, i, j, k, log_u, order, log_unif, in_b):
+def split_merge_log_ratio(state: BHMCState, X, model: BHMCModel, i, j, k, log_u, rank, log_unif, in_b):
     """Log Metropolis-Hastings ratio of splitting component ``k`` in two (docs/mathematics.md
     §6, "Component split-merge"), and the split: point ``i`` in the part ``a`` that keeps
     ``k``, ``j`` in the other, ``b``, and the other points of ``k`` allocated one by one in
-    ``order`` (``i``, ``j`` first), each with its conditional given the points before it: drawn
+    the order of ``rank`` ``(N,)``, each with its conditional given the points before it: drawn
     with the uniforms ``log_unif`` ``(N,)`` (logs), or, where ``in_b`` is given (a merge's
     reverse split), that one. Every node above the leaves splits its weight ``β_zk`` into
     ``u_z β_zk`` and ``(1 − u_z) β_zk`` (``log_u`` ``(M, 2)``: ``log u_z``, ``log(1 − u_z)``);
@@ -859,6 +859,9 @@ def split_merge_log_ratio(state: BHMCState, X, model: BHMCModel, i, j, k, log_u,
     # (M,): a leaf's two Dirichlet parameters (an underflowed weight: the smallest positive one)
     log_a, log_b = jnp.maximum(base + log_u[p, 0], floor), jnp.maximum(base + log_u[p, 1], floor)
     in_s = state.c == k
+    n_all = jnp.arange(n_pts)
+    key = jnp.where(n_all == i, -2.0, jnp.where(n_all == j, -1.0, jnp.where(in_s, rank, rank + n_pts)))
+    order = jnp.argsort(key)  # i, j, then the other points of k: only those are visited
 
     def body(t, carry):
         n_a, n_b, stats, in_b, log_q, log_m = carry  # stats (3, 1 + D): count and sum of a, b, s
@@ -882,7 +885,7 @@ def split_merge_log_ratio(state: BHMCState, X, model: BHMCModel, i, j, k, log_u,
 
     zeros = jnp.zeros(M, jnp.int32)
     carry = (zeros, zeros, jnp.zeros((3, 1 + D), ftype), in_b, jnp.zeros((), ftype), jnp.zeros((), ftype))
-    n_a, n_b, _, in_b, log_q, log_m = lax.fori_loop(0, n_pts, body, carry)
+    n_a, n_b, _, in_b, log_q, log_m = lax.fori_loop(0, jnp.sum(in_s), body, carry)
     n_s = n_a + n_b
     ea, eb = jnp.exp(log_a), jnp.exp(log_b)
     es = ea + eb
@@ -909,8 +912,6 @@ def split_merge(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) 
     i = jax.random.randint(k_pair, (), 0, n_pts)
     j = (i + 1 + jax.random.randint(jax.random.fold_in(k_pair, 1), (), 0, n_pts - 1)) % n_pts
     rank = jax.random.permutation(k_order, n_pts).astype(ftype)
-    nodes = jnp.arange(n_pts)
-    order = jnp.argsort(jnp.where(nodes == i, -2.0, jnp.where(nodes == j, -1.0, rank)))
     ki, kj = state.c[i], state.c[j]
     split = ki == kj
     live = state.count > 0
@@ -935,8 +936,8 @@ def split_merge(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) 
     log_u_merge = jnp.where(jnp.isnan(log_u_merge), jnp.log(0.5), log_u_merge)  # both weights underflowed
     merged = state._replace(c=jnp.where(state.c == kj, ki, state.c), log_beta=lb.at[:, ki].set(tot))
     log_unif = jnp.log(jax.random.uniform(k_unif, (n_pts,), ftype, minval=jnp.finfo(ftype).tiny))
-    lr_split, in_b_split = split_merge_log_ratio(state, X, model, i, j, ki, log_u_split, order, log_unif, None)
-    lr_merge, _ = split_merge_log_ratio(merged, X, model, i, j, ki, log_u_merge, order, log_unif,
+    lr_split, in_b_split = split_merge_log_ratio(state, X, model, i, j, ki, log_u_split, rank, log_unif, None)
+    lr_merge, _ = split_merge_log_ratio(merged, X, model, i, j, ki, log_u_merge, rank, log_unif,
                                         state.c == kj)
     log_ratio = jnp.where(split, lr_split, -lr_merge)
     accept = jnp.log(jax.random.uniform(k_acc, (), ftype)) < log_ratio
