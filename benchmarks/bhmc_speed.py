@@ -6,14 +6,15 @@ flags), timed over ``--sweeps`` sweeps after one compiled warm-up sweep, at
 * n = 180: the simulated two-level data of ``benchmarks/bhmc.py`` (3 x 3 groups, 20 points each);
 * n = 1,300: the CLI's embedded data (``jaxbnp.datasets.load_default()``).
 
-Three samplers: ``paper`` (path MH, the ``β`` update of eqs. 3-4 with point counts: the
+Four samplers: ``paper`` (path MH, the ``β`` update of eqs. 3-4 with point counts: the
 sampler before issue #22, from a prior draw, node capacity ``min(2n + 3, 512)`` as
 ``fit_bhmc`` had then), ``points-only`` (exact path Gibbs and exact ``β`` updates, no subtree
-moves: ``regraft=False``) and ``default`` (the same with the subtree moves), the last two
+or component moves: ``regraft=False, split_merge=0``), ``+subtrees`` (the subtree moves on)
+and ``default`` (the subtree moves and one component split-or-merge per sweep), the last three
 from Ward's start with 128 node slots (what ``fit_bhmc``'s growing capacity reaches on
 these data). Depth 2, component capacity ``min(n, 64)``. Beside the time: the fraction of
-points whose path changes per sweep and the subtrees moved per sweep (over the timed
-sweeps) and the complete-data log likelihood at the end.
+points whose path changes per sweep, the subtrees moved and the component splits and
+merges accepted per sweep (over the timed sweeps) and the complete-data log likelihood at the end.
 
 Usage::
 
@@ -43,8 +44,9 @@ from jaxbnp.models.nested import NestedHDP  # noqa: E402
 from bhmc import tree_data  # noqa: E402
 
 
-SAMPLERS = {"paper": dict(path_update="mh", beta_rule="paper", regraft=False),
-            "points-only": dict(regraft=False), "default": {}}
+SAMPLERS = {"paper": dict(path_update="mh", beta_rule="paper", regraft=False, split_merge=0),
+            "points-only": dict(regraft=False, split_merge=0), "+subtrees": dict(split_merge=0),
+            "default": {}}
 
 
 def one(X, sampler, sweeps, seed=0):
@@ -67,19 +69,20 @@ def one(X, sampler, sweeps, seed=0):
     state, info = step(jax.random.key(1), state)
     jax.block_until_ready(state)
     first = time.perf_counter() - t
-    moved = regrafted = 0
+    moved = regrafted = split_merged = 0
     t = time.perf_counter()
     for i in range(sweeps):
         state, info = step(jax.random.key(2 + i), state)
         moved += int(info.num_accepted)
         regrafted += int(info.num_regrafted)
+        split_merged += int(info.num_split_merge)
     jax.block_until_ready(state)
     dt = time.perf_counter() - t
     if bool(state.overflow):  # a chain that ran out of slots stops moving: its time means nothing
         raise SystemExit(f"{sampler} at n = {n} ran out of node or component slots; raise the capacity.")
     return {"n": n, "sampler": sampler, "node_capacity": capacity, "sweeps": sweeps, "first_sweep_s": first,
             "sweeps_per_s": sweeps / dt, "moved_fraction": moved / (sweeps * n),
-            "regrafted_per_sweep": regrafted / sweeps,
+            "regrafted_per_sweep": regrafted / sweeps, "split_merge_per_sweep": split_merged / sweeps,
             "log_lik": float(state.log_lik), "overflow": bool(state.overflow)}
 
 
@@ -100,12 +103,12 @@ def main():
              f"{info['dtype']}, jaxbnp {info['jaxbnp_git']}. Run {utc_now()}. One chain, `jit(step)`, XLA's "
              f"default flags, depth 2, {args.sweeps} timed sweeps after one compiled sweep. CPU seconds "
              f"used by other processes during the run: {other if other is None else round(other)}.", "",
-             "| n | sampler | node slots | sweeps / s | first sweep incl. compile (s) | points whose path changed per sweep | subtrees moved per sweep | log lik at the end |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| n | sampler | node slots | sweeps / s | first sweep incl. compile (s) | points whose path changed per sweep | subtrees moved per sweep | component splits + merges per sweep | log lik at the end |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['n']:,} | {r['sampler']} | {r['node_capacity']} | {r['sweeps_per_s']:.2f} "
                      f"| {r['first_sweep_s']:.1f} | {r['moved_fraction']:.3f} | {r['regrafted_per_sweep']:.1f} "
-                     f"| {r['log_lik']:.1f} |")
+                     f"| {r['split_merge_per_sweep']:.2f} | {r['log_lik']:.1f} |")
     lines += ["", f"Wall time of the run: {wall:.0f} s."]
     write_lines(RESULTS / f"{args.out_name}.md", lines)
     write_json(RESULTS / f"{args.out_name}.json", {"command": cmd, "machine": info, "rows": rows,

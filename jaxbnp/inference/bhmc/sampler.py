@@ -896,14 +896,18 @@ def split_merge_log_ratio(state: BHMCState, X, model: BHMCModel, i, j, k, log_u,
     return root + log_dm + log_m - log_q, in_b
 
 
-def split_merge(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tuple[BHMCState, jax.Array]:
+def split_merge(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig, redraw: bool = True
+                ) -> tuple[BHMCState, jax.Array]:
     """One Metropolis-Hastings split or merge of components (docs/mathematics.md §6, "Component
     split-merge"; Dahl's sequentially allocated split-merge): two points ``i ≠ j`` drawn at
     random; in one component, it splits in two (:func:`split_merge_log_ratio`; the root's
     ``u`` uniform, the nodes below the root by their prior), else their two components merge
     (the reverse). The leaves' weights and the means are integrated out in the ratio and drawn
     afterwards from their conditionals (every leaf ``Dir(γβ_parent + N_ℓ)``, :func:`update_theta`),
-    whether or not the move is accepted. Returns the state and whether the move was accepted.
+    whether or not the move is accepted; ``redraw=False`` leaves them as they were, for a caller
+    that draws them next from their conditionals without reading them first (:func:`step` with
+    the ``β`` update on: the leaves' weights and the means are drawn again before any update
+    reads them). Returns the state and whether the move was accepted.
     A split that needs a component slot when none is free sets ``overflow`` when accepted."""
     L, M, K = config.depth, config.node_capacity, config.component_capacity
     n_pts = X.shape[0]
@@ -959,6 +963,8 @@ def split_merge(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) 
     full = jnp.concatenate([jnp.zeros((n_pts, 1), jnp.int32), state.paths], axis=1)
     node_comp = jnp.zeros((M, K), jnp.int32).at[full, state.c[:, None]].add(1)
     state = state._replace(node_comp=node_comp, overflow=state.overflow | (accept & no_slot))
+    if not redraw:
+        return state, go
     # the integrated-out weights of the leaves and the means, from their conditionals
     cols = jnp.concatenate([state.comp_active, jnp.ones(1, bool)])
     leaf = live & (state.depth == L)
@@ -1222,7 +1228,8 @@ def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tupl
         def sm(t, carry):
             s, total = carry
             s, moved = lax.cond(s.overflow, lambda s: (s, jnp.bool_(False)),
-                                lambda s: split_merge(jax.random.fold_in(k_sm, t), s, X, model, config), s)
+                                lambda s: split_merge(jax.random.fold_in(k_sm, t), s, X, model, config,
+                                                      redraw=not config.update_beta), s)
             return s, total + moved.astype(jnp.int32)
 
         state, num_split_merge = lax.fori_loop(0, config.split_merge, sm, (state, num_split_merge))
