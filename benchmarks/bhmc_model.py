@@ -1,19 +1,22 @@
 """Benchmark: BHMC on data simulated from the BHMC program itself, with a known tree.
 
 The NumPyro program ``jaxbnp.models.nested.nested_hdp_model`` is conditioned on a fixed
-balanced tree (``--branching`` children per node, ``--per-leaf`` points per leaf) and on
-weights ``β`` that make every level identifiable (``identifiable_weights``: one component
-per leaf, 0.7 of a leaf's weight on it and the rest on its siblings' components, so that
-siblings share components and cousins do not; an unconditioned draw with one ``γ`` for
-every level gives sibling leaves the same dominant component, and then the levels cannot be
-told apart from the data), and run forward: the components, the means and the points. Depth 2 and 3. For each, ``fit_bhmc`` runs
+balanced tree (``--branching`` children per node, ``--per-leaf`` points per leaf), on weights
+``β`` that make every level identifiable to the Bayes classifier (``identifiable_weights``:
+one component per leaf with ``--own`` of its weight, ``--shared`` components per internal
+node that its leaves share; an unconditioned draw with one ``γ`` for every level gives sibling
+leaves the same dominant component, and then the levels cannot be told apart from the data)
+and on the means (a grid), and run forward: the components and the points. Depth 2 and 3.
+For each, ``fit_bhmc`` runs
 
 * ``default``: the defaults (exact path Gibbs, subtree moves, exact ``β`` updates, Ward
   start);
 * ``gibbs+ward``: the same without the subtree moves (``regraft=False``: points move one at
   a time);
 * ``mh+prior``: the paper's path MH and eqs. 3-4 from a draw of the prior (the sampler
-  before issue #22),
+  before issue #22);
+* ``from-truth``: the defaults started at the true paths and components (``init=(paths,
+  c)``): where the posterior leaves the true tree, no sampler can be expected to find it,
 
 with the true hyperparameters and covariances, ``--chains`` chains of ``--warmup`` +
 ``--samples`` sweeps. Reported per level: NMI and ARI against the true nodes of the
@@ -63,20 +66,28 @@ def tree_paths(depth, branching, per_leaf):
     return np.asarray(rows, np.int32)
 
 
-def identifiable_weights(paths, K, cap, own=0.9, floor=1e-9):
-    """Conditioned weights that make every level identifiable: every non-root node owns one
-    component; a leaf puts ``own`` on its component and the rest evenly on its ancestors'
-    (below the root), so that a point's component names its leaf, or, for the few points in
-    an ancestor's component, the subtree it is in, and the leaves under one node share that
-    node's component; an internal node weights its descendant leaves' weights evenly, the
-    root all of them; everything else ``floor``. Returns the program's latent values (root
-    ``sticks`` and ``beta_gamma_<level>``) and the leaves' weights (node -> (K,))."""
+def identifiable_weights(paths, K, cap, own=0.9, shared=1, floor=1e-9):
+    """Conditioned weights that make every level identifiable: every leaf owns one component
+    and every internal node below the root owns ``shared``; a leaf puts ``own`` on its
+    component and the rest evenly on its ancestors' (below the root), so that a point's
+    component names its leaf, or, for the few points in an ancestor's components, the subtree
+    it is in, and the leaves under one node share that node's components (the more shared
+    components, the more the posterior prefers the true grouping: each one that siblings
+    share is one dish fewer in the Chinese-restaurant franchise); an internal node weights
+    its descendant leaves' weights evenly, the root all of them; everything else ``floor``.
+    Returns the program's latent values (root ``sticks`` and ``beta_gamma_<level>``) and the
+    leaves' weights (node -> (K,))."""
     depth = paths.shape[1]
     parent = {int(paths[i, l]): (int(paths[i, l - 1]) if l > 0 else 0)
               for i in range(len(paths)) for l in range(depth)}
     nodes = sorted(parent)
-    comp = {v: j for j, v in enumerate(nodes)}
-    assert len(nodes) <= K
+    leaves = [int(v) for v in np.unique(paths[:, -1])]
+    comps, nxt = {}, 0
+    for v in nodes:
+        m = 1 if v in leaves else shared
+        comps[v] = list(range(nxt, nxt + m))
+        nxt += m
+    assert nxt <= K, (nxt, K)
 
     def ancestors(v):  # below the root, v excluded
         out = []
@@ -85,14 +96,13 @@ def identifiable_weights(paths, K, cap, own=0.9, floor=1e-9):
             out.append(v)
         return out
 
-    leaves = [int(v) for v in np.unique(paths[:, -1])]
     leaf_w = {}
     for leaf in leaves:
         w = np.full(K, floor)
-        anc = ancestors(leaf)
-        w[comp[leaf]] = own if anc else 1.0
-        for v in anc:
-            w[comp[v]] = (1.0 - own) / len(anc)
+        anc_comps = [j for v in ancestors(leaf) for j in comps[v]]
+        w[comps[leaf]] = own if anc_comps else 1.0
+        for j in anc_comps:
+            w[j] = (1.0 - own) / len(anc_comps)
         leaf_w[leaf] = w / w.sum() * (1.0 - floor)
 
     def below(v):
@@ -130,7 +140,7 @@ def oracle_labels(paths, c, leaf_w):
     return np.stack(out, axis=1)
 
 
-def simulate(depth, branching, per_leaf, gamma, seed, gamma0=3.0, grid=True, alpha=1.0):
+def simulate(depth, branching, per_leaf, gamma, seed, gamma0=3.0, grid=True, alpha=1.0, own=0.9, shared=1):
     """Points from ``nested_hdp_model`` conditioned on a balanced tree and on weights that
     make every level identifiable (:func:`identifiable_weights`) and, with ``grid``, on the
     components' means (a grid 3 apart, so that no two components overlap: two components
@@ -141,7 +151,7 @@ def simulate(depth, branching, per_leaf, gamma, seed, gamma0=3.0, grid=True, alp
                              Sigma0=25.0 * np.eye(2), mu0=np.zeros(2))
     cap = int(paths.max()) + 1
     K = 64
-    weights, leaf_w = identifiable_weights(paths, K, cap)
+    weights, leaf_w = identifiable_weights(paths, K, cap, own=own, shared=shared)
     data = {"paths": paths, **weights}
     if grid:  # the components' means on a grid 3 apart (Σ = 0.05 I): no two components overlap
         side = int(np.ceil(np.sqrt(K + 1)))
@@ -173,6 +183,8 @@ def main():
     ap.add_argument("--gamma", type=float, default=1.0)
     ap.add_argument("--gamma0", type=float, default=3.0)
     ap.add_argument("--alpha", type=float, default=1.0)
+    ap.add_argument("--own", type=float, default=0.9, help="a leaf's weight on its own component")
+    ap.add_argument("--shared", type=int, default=1, help="components of each internal node")
     ap.add_argument("--samplers", nargs="+", default=["default", "gibbs+ward"])
     ap.add_argument("--chains", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=200)
@@ -186,11 +198,12 @@ def main():
     rows = []
     for depth in args.depths:
         sim, hyper, _ = simulate(depth, args.branching, args.per_leaf, args.gamma, args.seed,
-                                   args.gamma0, alpha=args.alpha)
+                                 args.gamma0, alpha=args.alpha, own=args.own, shared=args.shared)
         X, truth = sim["x"], sim["paths"]
         ll_true = true_log_lik(sim, hyper, depth)
         samplers = {"default": {}, "gibbs+ward": dict(regraft=False),
-                    "mh+prior": dict(path_update="mh", init="prior", beta_rule="paper", regraft=False)}
+                    "mh+prior": dict(path_update="mh", init="prior", beta_rule="paper", regraft=False),
+                    "from-truth": dict(init=(truth, sim["c"]))}
         for name in args.samplers:
             opts = samplers[name]
             t = time.perf_counter()
@@ -223,7 +236,7 @@ def main():
     lines = ["# BHMC on data simulated from the BHMC program (known tree)", "",
              f"Command: `{cmd}`. {info['cpu_model']}, {info['cpu_count']} CPUs, {info['jax_backend']}, "
              f"{info['dtype']}. Run {utc_now()}. Balanced tree, {args.branching} children per node, "
-             f"{args.per_leaf} points per leaf, γ = {args.gamma}, γ0 = {args.gamma0}, α = {args.alpha}, Σ = 0.05 I, Σ0 = 25 I "
+             f"{args.per_leaf} points per leaf, a leaf's own component {args.own}, {args.shared} component(s) per internal node, γ = {args.gamma}, γ0 = {args.gamma0}, α = {args.alpha}, Σ = 0.05 I, Σ0 = 25 I "
              f"(the fits use the true values). {args.chains} chains x ({args.warmup} warm-up + "
              f"{args.samples}) sweeps, node capacity {args.node_capacity or 'fit_bhmc default (grows from 64)'}, component capacity "
              f"{args.component_capacity}. Summary: the partition of each level's nodes minimising the "
