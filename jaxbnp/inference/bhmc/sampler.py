@@ -825,7 +825,8 @@ def _predictive_logpdf(x, n, total, model: BHMCModel):
     prec = model.prec0 + n * model.prec_sigma
     chol_prec = jnp.linalg.cholesky(prec)
     mean = jax.scipy.linalg.cho_solve((chol_prec, True), model.prec0_mu0 + model.prec_sigma @ total)
-    cov = model.chol_sigma @ model.chol_sigma.T + jax.scipy.linalg.cho_solve((chol_prec, True), jnp.eye(x.shape[0], dtype=x.dtype))
+    eye = jnp.eye(x.shape[0], dtype=x.dtype)
+    cov = model.chol_sigma @ model.chol_sigma.T + jax.scipy.linalg.cho_solve((chol_prec, True), eye)
     return _mvn_logpdf(x[None, :], mean, jnp.linalg.cholesky(cov))[0]
 
 
@@ -860,8 +861,8 @@ def split_merge_log_ratio(state: BHMCState, X, model: BHMCModel, i, j, k, log_u,
     log_a, log_b = jnp.maximum(base + log_u[p, 0], floor), jnp.maximum(base + log_u[p, 1], floor)
     in_s = state.c == k
     n_all = jnp.arange(n_pts)
-    key = jnp.where(n_all == i, -2.0, jnp.where(n_all == j, -1.0, jnp.where(in_s, rank, rank + n_pts)))
-    order = jnp.argsort(key)  # i, j, then the other points of k: only those are visited
+    sort_key = jnp.where(n_all == i, -2.0, jnp.where(n_all == j, -1.0, jnp.where(in_s, rank, rank + n_pts)))
+    order = jnp.argsort(sort_key)  # i, j, then the other points of k: only those are visited
 
     def body(t, carry):
         n_a, n_b, stats, in_b, log_q, log_m = carry  # stats (3, 1 + D): count and sum of a, b, s
@@ -908,9 +909,12 @@ def split_merge(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig, 
     that draws them next from their conditionals without reading them first (:func:`step` with
     the ``β`` update on: the leaves' weights and the means are drawn again before any update
     reads them). Returns the state and whether the move was accepted.
-    A split that needs a component slot when none is free sets ``overflow`` when accepted."""
+    A split that needs a component slot when none is free sets ``overflow`` when accepted.
+    Needs at least two points."""
     L, M, K = config.depth, config.node_capacity, config.component_capacity
     n_pts = X.shape[0]
+    if n_pts < 2:
+        raise ValueError(f"split_merge needs at least 2 points, got {n_pts}.")
     ftype = state.log_beta.dtype
     k_pair, k_order, k_unif, k_root, k_nodes, k_acc, k_leaf, k_theta = jax.random.split(key, 8)
     i = jax.random.randint(k_pair, (), 0, n_pts)
@@ -1609,7 +1613,8 @@ def fit_bhmc(
     (:func:`ward_start`, ``k = round(sqrt(N / 2))`` components, one per leaf); ``"prior"``
     from a draw of the prior (:func:`init`); a pair ``(paths, c)`` from those root-to-leaf
     paths ``(N, depth)`` (a node is its path prefix: ids need only tell siblings apart) and
-    components ``(N,)`` (integers), e.g. a previous fit's ``best.paths`` and ``best.c``. ``path_update``: ``"gibbs"`` (default,
+    components ``(N,)`` (integers), e.g. a previous fit's ``best.paths`` and ``best.c``.
+    ``path_update``: ``"gibbs"`` (default,
     :func:`path_gibbs`) or ``"mh"`` (the paper's). ``beta_rule``: ``"exact"`` (default,
     :func:`update_beta_exact`) or ``"paper"`` (eqs. 3–4, :func:`update_beta`, not exact).
     ``regraft=True`` (default) adds the subtree moves of :func:`regraft` to every sweep (whole
@@ -1761,7 +1766,8 @@ def _given_start(init: Any, n: int, depth: int) -> tuple[np.ndarray, np.ndarray]
         raise ValueError(f"init=(paths, c) needs paths of shape ({n}, {depth}) and c of shape ({n},), "
                          f"got {paths.shape} and {c.shape}.")
     for name, a in (("paths", paths), ("c", c)):
-        if a.dtype.kind not in "iu" and not (a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a))):
+        whole = a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a))
+        if a.dtype.kind not in "iu" and not whole:
             raise ValueError(f"init's {name} must hold integers.")
     out = np.zeros((n, depth), np.int32)
     offset = 1
