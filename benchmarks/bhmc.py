@@ -20,12 +20,14 @@ sweep (with compilation) excluded. Also recorded: CPU seconds used by other
 processes during the run (the machine is shared; timings are only clean when
 that is near zero).
 
-Results go to ``benchmarks/results/bhmc.json`` and ``benchmarks/results/bhmc.md``.
+Results go to ``benchmarks/results/<--out-name>.{json,md}`` (default ``bhmc``).
 
 Usage::
 
     python benchmarks/bhmc.py            # about 5 minutes on 2 idle CPU cores
     python benchmarks/bhmc.py --quick    # smaller data, fewer sweeps
+    python benchmarks/bhmc.py --only digits --depth 4 --warmup 500 --samples 5000 --chains 1 \
+        --out-name bhmc_digits_paper     # the paper's run length at depth 4
 """
 
 from __future__ import annotations
@@ -83,15 +85,17 @@ def ward_paths(X, ks):
 
 
 def run_dataset(name, X, truth, args, hyper):
-    fit = fit_bhmc(jax.random.key(args.seed), X, depth=2, num_warmup=args.warmup, num_samples=args.samples,
+    depth = args.depth
+    truth = np.concatenate([truth, np.repeat(truth[:, -1:], max(0, depth - truth.shape[1]), axis=1)], axis=1)
+    fit = fit_bhmc(jax.random.key(args.seed), X, depth=depth, num_warmup=args.warmup, num_samples=args.samples,
                    num_chains=args.chains, compiler_options=None, **hyper)
     t = fit.samples["timing"]
     summary = np.stack(fit.summary_labels_per_level, axis=1)  # the posterior summary per level
-    ks = [int(len(np.unique(summary[:, l]))) for l in range(2)]
-    ks_best = [int(len(np.unique(fit.paths[:, l]))) for l in range(2)]
+    ks = [int(len(np.unique(summary[:, l]))) for l in range(depth)]
+    ks_best = [int(len(np.unique(fit.paths[:, l]))) for l in range(depth)]
     ward = ward_paths(X, ks)
     rows = []
-    for level in (1, 2):
+    for level in range(1, depth + 1):
         rows.append({"level": level, "k": ks[level - 1], "k_best": ks_best[level - 1],
                      "bhmc": metrics.level_scores(truth, summary, level),
                      "bhmc_best": metrics.level_scores(truth, fit.paths, level),
@@ -109,6 +113,7 @@ def run_dataset(name, X, truth, args, hyper):
         "best_log_lik": float(np.max(fit.log_lik)),
         "mean_accept_rate": float(np.mean(fit.samples["accept_rate"])),
         "mean_regrafted": float(np.mean(fit.samples["num_regrafted"])),
+        "mean_split_merge": float(np.mean(fit.samples["num_split_merge"])),
         "mean_num_leaves": float(np.mean(fit.samples["num_leaves"])),
         "mean_num_components": float(np.mean(fit.samples["num_components"])),
     }
@@ -127,14 +132,15 @@ def write_markdown(res: dict, path: Path) -> None:
         f"CPU seconds used by other processes during the run: {res['other_cpu_s']:.0f} "
         f"(wall {res['wall_s']:.0f} s; the timings are only clean when this is near zero).",
         "",
-        f"BHMC: depth 2, {res['chains']} chain(s), {res['warmup']} warm-up + {res['samples']} sweeps, "
-        "`fit_bhmc`'s defaults (path Gibbs, subtree moves, exact weights, Ward start). `BHMC`: the "
+        f"BHMC: depth {res['depth']}, {res['chains']} chain(s), {res['warmup']} warm-up + {res['samples']} sweeps, "
+        "`fit_bhmc`'s defaults (path Gibbs, subtree moves, component split-merge, exact weights, Ward "
+        "start). `BHMC`: the "
         "posterior summary of each level (the partition minimising the expected variation of "
         "information over all draws); `BHMC best draw`: the draw with the highest complete-data log "
         "likelihood (the paper's choice; its k in brackets). Ward: SciPy `linkage(method='ward')` + "
         "`fcluster(maxclust=k)` with k = the summary's number of clusters at the level. Scores against "
-        "the known labels (digits: the digit at both levels); paths shorter than the level keep their "
-        "last label.",
+        "the known labels (digits: the digit at every level; tree: levels below its two keep the "
+        "second); paths shorter than the level keep their last label.",
         "",
         "| data | n x d | level | k | method | purity | NMI | ARI | F-measure |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|",
@@ -150,12 +156,14 @@ def write_markdown(res: dict, path: Path) -> None:
                     f"{names[method]} | {s['purity']:.3f} | {s['nmi']:.3f} | "
                     f"{s['ari']:.3f} | {s['f_measure']:.3f} |")
     lines += ["", "| data | sweeps / s per chain | chain-sweeps / s | first sweep incl. compile (s) | "
-                  "points whose path changed per sweep | subtrees moved per sweep | mean leaves | mean components | hyperparameters |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "points whose path changed per sweep | subtrees moved per sweep | component splits + merges "
+                  "per sweep | mean leaves | mean components | hyperparameters |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for d in res["datasets"]:
         lines.append(
             f"| {d['name']} | {d['sweeps_per_second_per_chain']:.2f} | {d['chain_sweeps_per_second']:.2f} | "
             f"{d['first_sweep_with_compile_s']:.1f} | {d['mean_accept_rate']:.2f} | {d['mean_regrafted']:.1f} | "
+            f"{d['mean_split_merge']:.2f} | "
             f"{d['mean_num_leaves']:.1f} | "
             f"{d['mean_num_components']:.1f} | {d['hyper']} |")
     write_lines(path, lines)
@@ -166,15 +174,22 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=None, help="default 150 (--quick: 50)")
+    parser.add_argument("--samples", type=int, default=None, help="default 150 (--quick: 50)")
+    parser.add_argument("--only", choices=["tree", "digits"], default=None)
+    parser.add_argument("--out-name", default="bhmc")
     args = parser.parse_args(argv)
-    args.warmup, args.samples = (50, 50) if args.quick else (150, 150)
+    argv = sys.argv[1:] if argv is None else argv
+    quick = (50, 50) if args.quick else (150, 150)
+    args.warmup = quick[0] if args.warmup is None else args.warmup
+    args.samples = quick[1] if args.samples is None else args.samples
     per_leaf, n_digits = (10, 100) if args.quick else (20, 250)
     res = {
         "machine": machine_info(),
         "date": utc_now(),
-        "command": "python benchmarks/bhmc.py" + (" --quick" if args.quick else "")
-                   + (f" --chains {args.chains}" if args.chains != 2 else ""),
-        "chains": args.chains, "warmup": args.warmup, "samples": args.samples,
+        "command": " ".join(["python benchmarks/bhmc.py"] + list(argv)),
+        "chains": args.chains, "warmup": args.warmup, "samples": args.samples, "depth": args.depth,
         "load_average_start": load_average(),
     }
     clock0 = cpu_seconds()
@@ -185,16 +200,16 @@ def main(argv=None):
     Xd, yd = digits_data(n_digits)
     digits_hyper = {"alpha": 0.5, "gamma0": 1.5, "gamma": 2.0, "Sigma": 0.3 * np.eye(Xd.shape[1]),
                     "Sigma0": np.eye(Xd.shape[1]), "mu0": np.zeros(Xd.shape[1])}
-    datasets = [run_dataset("tree", X, truth, args, tree_hyper),
-                run_dataset("digits-pca10", Xd, yd, args, digits_hyper)]
+    datasets = ([] if args.only == "digits" else [run_dataset("tree", X, truth, args, tree_hyper)]) + \
+               ([] if args.only == "tree" else [run_dataset("digits-pca10", Xd, yd, args, digits_hyper)])
     other = other_cpu_seconds(clock0, cpu_seconds())
     res["datasets"] = datasets
     res["wall_s"] = time.perf_counter() - t0
     res["other_cpu_s"] = float("nan") if other is None else other
     res["load_average_end"] = load_average()
-    write_json(RESULTS / "bhmc.json", res)
-    write_markdown(res, RESULTS / "bhmc.md")
-    print((RESULTS / "bhmc.md").read_text())
+    write_json(RESULTS / f"{args.out_name}.json", res)
+    write_markdown(res, RESULTS / f"{args.out_name}.md")
+    print((RESULTS / f"{args.out_name}.md").read_text())
 
 
 if __name__ == "__main__":
