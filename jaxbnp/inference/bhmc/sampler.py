@@ -944,10 +944,14 @@ def split_merge(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig, 
     log_u_merge = jnp.where(jnp.isnan(log_u_merge), jnp.log(0.5), log_u_merge)  # both weights underflowed
     merged = state._replace(c=jnp.where(state.c == kj, ki, state.c), log_beta=lb.at[:, ki].set(tot))
     log_unif = jnp.log(jax.random.uniform(k_unif, (n_pts,), ftype, minval=jnp.finfo(ftype).tiny))
-    lr_split, in_b_split = split_merge_log_ratio(state, X, model, i, j, ki, log_u_split, rank, log_unif, None)
-    lr_merge, _ = split_merge_log_ratio(merged, X, model, i, j, ki, log_u_merge, rank, log_unif,
-                                        state.c == kj)
-    log_ratio = jnp.where(split, lr_split, -lr_merge)
+    def split_ratio(_):
+        return split_merge_log_ratio(state, X, model, i, j, ki, log_u_split, rank, log_unif, None)
+
+    def merge_ratio(_):  # the inverse of the ratio of the reverse split
+        lr, _ = split_merge_log_ratio(merged, X, model, i, j, ki, log_u_merge, rank, log_unif, state.c == kj)
+        return -lr, jnp.zeros(n_pts, bool)
+
+    log_ratio, in_b_split = lax.cond(split, split_ratio, merge_ratio, None)
     accept = jnp.log(jax.random.uniform(k_acc, (), ftype)) < log_ratio
     slot = jnp.argmin(state.comp_active)
     no_slot = split & state.comp_active[slot]
@@ -963,20 +967,18 @@ def split_merge(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig, 
         new_lb = lb.at[:, ki].set(jnp.where(above, tot, lb[:, ki])).at[:, kj].set(-jnp.inf)
         return state._replace(c=merged.c, log_beta=new_lb, comp_active=state.comp_active.at[kj].set(False))
 
-    state = lax.cond(go, lambda s: lax.cond(split, do_split, do_merge, s), lambda s: s, state)
-    full = jnp.concatenate([jnp.zeros((n_pts, 1), jnp.int32), state.paths], axis=1)
-    node_comp = jnp.zeros((M, K), jnp.int32).at[full, state.c[:, None]].add(1)
-    state = state._replace(node_comp=node_comp, overflow=state.overflow | (accept & no_slot))
+    def recount(state):  # the component counts of every node, from the paths and the new c
+        full = jnp.concatenate([jnp.zeros((n_pts, 1), jnp.int32), state.paths], axis=1)
+        return state._replace(node_comp=jnp.zeros((M, K), jnp.int32).at[full, state.c[:, None]].add(1))
+
+    state = lax.cond(go, lambda s: recount(lax.cond(split, do_split, do_merge, s)), lambda s: s, state)
+    state = state._replace(overflow=state.overflow | (accept & no_slot))
     if not redraw:
         return state, go
     # the integrated-out weights of the leaves and the means, from their conditionals
-    cols = jnp.concatenate([state.comp_active, jnp.ones(1, bool)])
-    leaf = live & (state.depth == L)
-    counts = jnp.concatenate([node_comp, jnp.zeros((M, 1), jnp.int32)], axis=1).astype(ftype)
-    log_n = jnp.where(counts > 0, jnp.log(jnp.maximum(counts, 1.0)), -jnp.inf)
-    conc = jnp.where(cols, jnp.logaddexp(jnp.log(state.gamma) + state.log_beta[p], log_n), -jnp.inf)
-    state = state._replace(log_beta=jnp.where(leaf[:, None], _log_dirichlet(k_leaf, conc), state.log_beta))
-    return update_theta(k_theta, state, X, model, config), go
+    log_beta = _draw_leaves(k_leaf, state.log_beta, state.node_comp, state.comp_active, state.gamma,
+                            live & (state.depth == L), p)
+    return update_theta(k_theta, state._replace(log_beta=log_beta), X, model, config), go
 
 
 # ------------------------------------------------------------------------------ global updates
@@ -1109,12 +1111,21 @@ def _update_beta_exact(key, state: BHMCState, config: BHMCConfig, move_leaves: b
         jnp.log(gamma) + par)
     conc_mid = jnp.where(cols, jnp.logaddexp(conc_mid, log_t), -jnp.inf)
     lb = jnp.where(mid[:, None], _log_dirichlet(k_mid, conc_mid), lb)
-    counts = jnp.concatenate([n_leaf.astype(ftype), jnp.zeros((M, 1), ftype)], axis=1)
-    log_n = jnp.where(counts > 0, jnp.log(jnp.maximum(counts, 1.0)), -jnp.inf)
-    conc_leaf = jnp.where(cols, jnp.logaddexp(jnp.log(gamma) + lb[p], log_n), -jnp.inf)
-    lb = jnp.where(leaf[:, None], _log_dirichlet(k_leaf, conc_leaf), lb)
+    lb = _draw_leaves(k_leaf, lb, n_leaf, state.comp_active, gamma, leaf, p)
     lb = jnp.where(live[:, None], lb, -jnp.inf)
     return state._replace(log_beta=lb), num_moved
+
+
+def _draw_leaves(key, log_beta, node_comp, comp_active, gamma, leaf, p):
+    """Every ``leaf`` row of ``log_beta`` drawn from its conditional ``Dir(γβ_parent + N_ℓ,
+    γβ*_parent)`` (``N_ℓ`` the leaf's row of ``node_comp``, ``p`` the parents); the other rows
+    as they are."""
+    ftype = log_beta.dtype
+    cols = jnp.concatenate([comp_active, jnp.ones(1, bool)])
+    counts = jnp.concatenate([node_comp, jnp.zeros((node_comp.shape[0], 1), node_comp.dtype)], axis=1).astype(ftype)
+    log_n = jnp.where(counts > 0, jnp.log(jnp.maximum(counts, 1.0)), -jnp.inf)
+    conc = jnp.where(cols, jnp.logaddexp(jnp.log(gamma) + log_beta[p], log_n), -jnp.inf)
+    return jnp.where(leaf[:, None], _log_dirichlet(key, conc), log_beta)
 
 
 def update_theta(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> BHMCState:
