@@ -36,6 +36,24 @@ from jax import lax
 ROUNDS = 2
 
 
+def typed_key(key):
+    """``key`` as a typed key array (``jax.random.key``): a typed key is returned as it is,
+    legacy key data (``jax.random.PRNGKey(seed)``: ``uint32`` with a trailing axis of the
+    default implementation's size, any leading batch axes) is wrapped with
+    ``jax.random.wrap_key_data``. The two hold the same bits, so they give the same draws;
+    works on traced keys too. Anything else raises ``TypeError``."""
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return key
+    arr = key if isinstance(key, jax.Array) else jnp.asarray(key)
+    if arr.dtype != jnp.uint32 or arr.ndim < 1:
+        raise TypeError(
+            "expected a random key: jax.random.key(seed) or jax.random.PRNGKey(seed), got "
+            f"{type(key).__name__} of dtype {arr.dtype} and shape {arr.shape}."
+        )
+    return jax.random.wrap_key_data(arr)
+
+
 def uniform(key, shape, dtype):
     """Uniforms in ``(0, 1)`` (never 0, so ``log u`` is finite)."""
     return jax.random.uniform(key, shape, dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)

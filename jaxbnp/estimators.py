@@ -3,11 +3,17 @@
 ``DirichletProcessMixture``: posterior sampling of a BNP mixture (collapsed
 Gibbs, split-merge, tree-guided MCMC, sub-cluster split/merge MCMC, or MAP-DP),
 summarised by a point estimate partition; ``fit`` / ``fit_predict`` / ``predict`` /
-``predict_proba`` / ``score_samples`` / ``score``. A scikit-learn estimator
-(``BaseEstimator``, ``ClusterMixin``) when scikit-learn is installed.
+``predict_proba`` / ``score_samples`` / ``score``.
 
 ``MAPDP``: MAP-DP clustering (docs/mathematics.md §3), ``fit`` / ``fit_predict`` /
-``predict`` / ``score_samples`` / ``score``.
+``predict`` / ``predict_proba`` / ``score_samples`` / ``score``.
+
+Both are scikit-learn estimators (``BaseEstimator``, ``ClusterMixin``,
+``DensityMixin``): they pass ``sklearn.utils.estimator_checks.check_estimator``
+(``tests/test_sklearn.py``) and work in ``Pipeline``, ``GridSearchCV`` (whose default
+score is ``score``: the mean held-out log predictive density), ``clone`` and pickle.
+Inputs are checked by scikit-learn's ``validate_data`` (its messages, ``n_features_in_``,
+``feature_names_in_``), then by the family's own constraints.
 
 Example
 -------
@@ -29,6 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sklearn.base import BaseEstimator, ClusterMixin, DensityMixin
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.validation import check_is_fitted, validate_data
+
 from ._cache import auto_enable
 from ._progress import bar as _progress_bar
 from ._progress import resolve as _resolve_progress
@@ -45,7 +55,16 @@ from .models.measures import DP, Measure, PitmanYor
 __all__ = ["MAPDP", "DirichletProcessMixture", "select_alpha", "SingleClusterWarning", "NotFittedError"]
 
 
-class MAPDP:
+def _validated(estimator, X, reset: bool) -> np.ndarray:
+    """``X`` through scikit-learn's ``validate_data`` (dense, 2-D, finite, numeric: its
+    messages; ``n_features_in_`` and ``feature_names_in_`` set when ``reset``, compared
+    otherwise), as float64 on the host; then :func:`check_data`'s own checks."""
+    arr = validate_data(estimator, X, reset=reset, dtype=[np.float64, np.float32],
+                        accept_sparse=False, ensure_min_samples=1)
+    return check_data(np.asarray(arr, dtype=np.float64))
+
+
+class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
     """MAP-DP clustering (Raykov et al. 2014), docs/mathematics.md §3.
 
     The defaults depart from the paper so that well separated clusters are
@@ -150,20 +169,6 @@ class MAPDP:
         options.update(kwargs)
         return cls(alpha=alpha, **options)
 
-    # scikit-learn protocol
-    def get_params(self, deep: bool = True) -> dict:
-        return {k: getattr(self, k) for k in (
-            "alpha", "family", "measure", "n_restarts", "mode", "tol", "max_iter",
-            "random_state", "capacity", "block_size", "split_moves", "merge_moves", "init",
-            "init_clusters", "init_size")}
-
-    def set_params(self, **params: Any) -> "MAPDP":
-        for k, v in params.items():
-            if k not in self.get_params():
-                raise ValueError(f"MAPDP has no parameter {k!r}.")
-            setattr(self, k, v)
-        return self
-
     def _check_options(self):
         if not isinstance(self.mode, str) or self.mode not in ("sequential", "batched"):
             raise ValueError(f"mode must be 'sequential' or 'batched', got {self.mode!r}.")
@@ -195,8 +200,9 @@ class MAPDP:
         return measure
 
     def fit(self, X: Any, y: Any = None) -> "MAPDP":
+        """Find the MAP partition of ``X`` ``(n, D)``; ``y`` is ignored."""
         measure = self._check_options()
-        X = check_data(X)
+        X = _validated(self, X, reset=True)
         auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         family = self.family if self.family is not None else mapdp_core.default_prior(X)
         X = check_data(X, family=family)
@@ -259,7 +265,6 @@ class MAPDP:
             )
         self.family_ = family
         self.measure_ = measure
-        self.n_features_in_ = X.shape[1]
         # compact statistics for prediction
         self._clusters = ClusterState(
             jnp.asarray(self.labels_, jnp.int32),
@@ -270,16 +275,12 @@ class MAPDP:
         return self
 
     def fit_predict(self, X: Any, y: Any = None) -> np.ndarray:
+        """``fit(X).labels_``."""
         return self.fit(X).labels_
 
     def _check_fitted(self, X):
-        if not hasattr(self, "labels_"):
-            raise ValueError("This MAPDP instance is not fitted yet; call fit(X) first.")
-        X = check_data(X)
-        if X.shape[1] != self.n_features_in_:
-            raise ValueError(
-                f"X has {X.shape[1]} features, but MAPDP was fitted with {self.n_features_in_}."
-            )
+        check_is_fitted(self, "labels_")
+        X = _validated(self, X, reset=False)
         self.family_.validate_data(X)
         return jnp.asarray(X, dtype=jnp.result_type(float))
 
@@ -382,44 +383,6 @@ def _select_alpha(X, alphas, family, method, n_folds, random_state, progress_bar
 
 
 # ============================================================================= DP mixture (MCMC)
-try:  # scikit-learn is optional: with it the estimator is a true sklearn estimator
-    from sklearn.base import BaseEstimator as _BaseEstimator
-    from sklearn.base import ClusterMixin as _ClusterMixin
-    from sklearn.exceptions import NotFittedError
-except ImportError:  # pragma: no cover - exercised only without scikit-learn
-    import inspect
-
-    class NotFittedError(ValueError, AttributeError):
-        """Raised when a method needs a fitted estimator."""
-
-    class _BaseEstimator:
-        """``get_params``/``set_params`` from the constructor's signature (sklearn's protocol)."""
-
-        @classmethod
-        def _get_param_names(cls):
-            sig = inspect.signature(cls.__init__)
-            return sorted(p for p in sig.parameters if p != "self")
-
-        def get_params(self, deep: bool = True) -> dict:
-            return {k: getattr(self, k) for k in self._get_param_names()}
-
-        def set_params(self, **params: Any):
-            valid = self._get_param_names()
-            for k, v in params.items():
-                if k not in valid:
-                    raise ValueError(f"{type(self).__name__} has no parameter {k!r}; valid: {valid}.")
-                setattr(self, k, v)
-            return self
-
-        def __repr__(self) -> str:
-            args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
-            return f"{type(self).__name__}({args})"
-
-    class _ClusterMixin:
-        def fit_predict(self, X, y=None, **kwargs):
-            return self.fit(X, **kwargs).labels_
-
-
 METHODS = ("gibbs", "splitmerge", "tgmcmc", "subcluster", "mapdp")
 
 #: keyword options each method accepts through ``method_options``
@@ -518,14 +481,6 @@ def _predictive_block(X_block, family, params, prior_params, log_weight, log_wei
     return jax.lax.map(one, X_block)
 
 
-def _is_sparse(X) -> bool:
-    try:
-        import scipy.sparse
-    except ImportError:  # pragma: no cover - scipy comes with jax
-        return False
-    return scipy.sparse.issparse(X)
-
-
 def _check_select_alpha(alphas: Any, method: Any, n_folds: Any) -> list:
     """``select_alpha``'s arguments checked before any fit: ``alphas`` as a non-empty list of
     positive finite floats; ``n_folds`` an integer >= 2 for ``method="heldout"``."""
@@ -545,7 +500,7 @@ def _check_select_alpha(alphas: Any, method: Any, n_folds: Any) -> list:
     return out
 
 
-class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
+class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
     """Bayesian nonparametric mixture clustering by MCMC (or MAP-DP), scikit-learn style.
 
     Samples the posterior over partitions ``p(Π | X)`` of a conjugate mixture
@@ -718,67 +673,8 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         _resolve_progress(self.progress_bar)
         return measure, dict(options)
 
-    def _validate_X(self, X: Any, reset: bool) -> np.ndarray:
-        """``X`` as a 2-D float array, or a clear error (scikit-learn's messages where it has one)."""
-        if _is_sparse(X):
-            raise TypeError(
-                "DirichletProcessMixture does not accept sparse input; pass a dense array "
-                "(X.toarray())."
-            )
-        names = None
-        columns = getattr(X, "columns", None)
-        if columns is not None and hasattr(X, "to_numpy"):
-            if all(isinstance(c, str) for c in columns):
-                names = np.asarray(list(columns), dtype=object)
-            X = X.to_numpy()
-        arr = np.asarray(X)
-        if np.issubdtype(arr.dtype, np.complexfloating):
-            raise ValueError("Complex data not supported; pass real-valued X.")
-        if arr.dtype == object:
-            try:
-                arr = arr.astype(float)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"X must be numeric; an entry could not be converted to float ({exc}).") from exc
-        if arr.ndim != 2:
-            raise ValueError(
-                f"Expected a 2-D array X of shape (n_samples, n_features), got shape {arr.shape}. "
-                "Reshape your data with X.reshape(-1, 1) if it has a single feature or "
-                "X.reshape(1, -1) if it is a single sample."
-            )
-        if arr.ndim == 2 and arr.shape[0] == 0:
-            raise ValueError(
-                f"Found array with 0 sample(s) (shape={arr.shape}) while a minimum of 1 is required."
-            )
-        if arr.ndim == 2 and arr.shape[1] == 0:
-            raise ValueError(
-                f"Found array with 0 feature(s) (shape={arr.shape}) while a minimum of 1 is required."
-            )
-        arr = check_data(arr)
-        if reset:
-            self.n_features_in_ = arr.shape[1]
-            if names is not None:
-                self.feature_names_in_ = names
-            elif hasattr(self, "feature_names_in_"):
-                del self.feature_names_in_
-        else:
-            if arr.shape[1] != self.n_features_in_:
-                raise ValueError(
-                    f"X has {arr.shape[1]} features, but {type(self).__name__} is expecting "
-                    f"{self.n_features_in_} features as input."
-                )
-            fitted = getattr(self, "feature_names_in_", None)
-            if fitted is not None and names is not None and list(names) != list(fitted):
-                raise ValueError(
-                    "The feature names of X differ from those seen in fit: "
-                    f"{list(names)} != {list(fitted)}; pass the columns in the same order."
-                )
-        return arr
-
     def _check_fitted(self):
-        if not hasattr(self, "labels_"):
-            raise NotFittedError(
-                f"This {type(self).__name__} instance is not fitted yet; call fit(X) first."
-            )
+        check_is_fitted(self, "labels_")
 
     # -- fitting ---------------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None) -> "DirichletProcessMixture":
@@ -786,7 +682,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
         measure, options = self._check_params()
         for name in ("mapdp_", "_predictive"):  # a refit with another method starts clean
             self.__dict__.pop(name, None)
-        X = self._validate_X(X, reset=True)
+        X = _validated(self, X, reset=True)
         auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         n = X.shape[0]
         if self.family is None and n < 2 and self.method != "mapdp":
@@ -869,7 +765,7 @@ class DirichletProcessMixture(_ClusterMixin, _BaseEstimator):
     def _predictive_terms(self, X: Any):
         """``(log density (m,), proba existing (m, K), proba new (m,))`` of new points."""
         self._check_fitted()
-        X = self._validate_X(X, reset=False)
+        X = _validated(self, X, reset=False)
         X = check_data(X, family=self.family_)
         if hasattr(self, "mapdp_"):
             proba = self.mapdp_.predict_proba(X)

@@ -57,7 +57,8 @@ def test_same_seed_same_draws_and_dataframe_input(fitted):
     for key in ("labels", "log_joint"):
         np.testing.assert_array_equal(again.posterior_samples_[key], dpm.posterior_samples_[key])
     assert list(again.feature_names_in_) == ["a", "b"]
-    np.testing.assert_array_equal(again.predict(frame), again.predict(X))
+    with pytest.warns(UserWarning, match="feature names"):  # scikit-learn's warning
+        np.testing.assert_array_equal(again.predict(frame), again.predict(X))
     with pytest.raises(ValueError, match="feature names"):
         again.predict(frame[["b", "a"]])
 
@@ -163,8 +164,8 @@ def test_predict_predict_proba_score(fitted):
         ({"method": "tgmcmc", "measure": bnp.PitmanYor(1.0, 0.2)}, None, ValueError, "DP and NGGP"),
         ({"random_state": "seed"}, None, ValueError, "random_state"),
         ({"progress_bar": "yes"}, None, ValueError, "progress_bar must be True, False or None"),
-        ({}, np.array([[0.0, np.nan], [1.0, 2.0]]), ValueError, "NaN or inf"),
-        ({}, np.array([[0.0, np.inf], [1.0, 2.0]]), ValueError, "NaN or inf"),
+        ({}, np.array([[0.0, np.nan], [1.0, 2.0]]), ValueError, "contains (NaN|infinity)"),
+        ({}, np.array([[0.0, np.inf], [1.0, 2.0]]), ValueError, "contains (NaN|infinity)"),
         ({}, np.zeros(5), ValueError, "Reshape your data"),
         ({}, np.zeros((0, 2)), ValueError, "0 sample"),
         ({}, np.zeros((4, 0)), ValueError, "0 feature"),
@@ -184,7 +185,7 @@ def test_bad_parameters_and_data_raise_before_sampling(params, X, error, match):
 def test_sparse_input_and_unfitted_use_raise():
     from scipy import sparse
 
-    with pytest.raises(TypeError, match="sparse"):
+    with pytest.raises(TypeError, match="(?i)sparse"):  # scikit-learn's message
         DirichletProcessMixture().fit(sparse.csr_matrix(np.eye(3)))
     for method in ("predict", "predict_proba", "score_samples"):
         with pytest.raises(NotFittedError, match="not fitted"):

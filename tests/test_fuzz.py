@@ -214,10 +214,10 @@ def test_invalid_data_rejected_before_compiling(X):
             assert valid, f"{fam.__name__}.from_data accepted {X!r}"
     if valid:
         return  # fitted in the tests below
-    # DirichletProcessMixture takes object arrays of numbers (as scikit-learn does)
+    # the estimators take object arrays of numbers (scikit-learn's contract, check_dtype_object)
     dpm_valid = arr is not None and np.asarray(X).dtype == object and arr.ndim == 2 and arr.size > 0 \
         and bool(np.all(np.isfinite(arr)))
-    for fit, may in ((lambda: bnp.MAPDP().fit(X), False),
+    for fit, may in ((lambda: bnp.MAPDP().fit(X), dpm_valid),
                      (lambda: bnp.DirichletProcessMixture(family=bnp.NormalGamma(), num_warmup=1,
                                                           num_samples=2).fit(X), dpm_valid),
                      (lambda: bnp.select_alpha(X, [1.0]), False)):

@@ -46,6 +46,7 @@ import numpy as np
 from .._progress import bar as progress_bar_context
 from .._progress import resolve as resolve_progress
 from ..checkpoint import CheckpointedRun, check_resumable, load_checkpoint, save_checkpoint
+from .._random import typed_key
 from ..errors import CapacityError
 
 __all__ = ["RunResult", "run", "PROGRESS_BLOCKS", "CHAIN_METHODS"]
@@ -286,6 +287,7 @@ def run(
                                checkpoint_every * thinning))
         stops |= saves
     bounds = [0, *sorted(b for b in stops if b > 0)]
+    key = typed_key(key)  # jax.random.PRNGKey or jax.random.key: the same draws
     settings = (chain_method, num_chains, num_warmup, num_samples, thinning)
     while True:
         t0 = time.perf_counter()

@@ -92,7 +92,7 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
 from ..._cache import auto_enable
-from ..._random import log_beta_pair, log_dirichlet
+from ..._random import log_beta_pair, log_dirichlet, typed_key
 from ..._validation import check_data, check_int
 from ...errors import CapacityError
 from ...models.nested import (
@@ -1485,8 +1485,10 @@ class BHMCKernel(MCMCKernel):
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         X, model, hyper = model_args
         params = dict(init_params or {})
+        rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
+        auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         batched = not is_prng_key(rng_key)
-        run_key = params.get("rng_key", rng_key)
+        run_key = typed_key(params.get("rng_key", rng_key))
         chain = params.get("chain", jnp.zeros(jnp.shape(rng_key)[:1] if batched else (), jnp.int32))
         start = params.get("start")
         config = self.config
@@ -1700,6 +1702,7 @@ def fit_bhmc(
         small = n * (num_warmup + num_samples) * num_chains <= 20000
         compiler_options = FAST_COMPILE if small else None
     auto_enable()  # the persistent compilation cache (jaxbnp._cache)
+    key = typed_key(key)  # jax.random.PRNGKey or jax.random.key: the same draws
     if num_chains > 1:  # BHMCKernel's keys: chains 0..C-1 of the run keyed `key`
         init_params = {"rng_key": jnp.broadcast_to(key, (num_chains,) + jnp.shape(key)),
                        "chain": jnp.arange(num_chains, dtype=jnp.int32)}

@@ -46,6 +46,8 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.util import is_prng_key
 
+from ..._cache import auto_enable
+from ..._random import typed_key
 from ..._validation import check_data, check_int, check_labels
 from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ...models.measures import DP, NGGP
@@ -309,10 +311,13 @@ class PartitionKernel(DiscreteSiteKernel):
 
     # -- MCMCKernel API -----------------------------------------------------------------
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
+        auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         self._spec, hyper0 = self._setup(init_params, model_args, model_kwargs)
         init_params = dict(init_params or {})
         batched = not is_prng_key(rng_key)
         spec, move = self._spec, self._move
+        self._check_init_labels(init_params, spec)
 
         def init_one(key, params):
             return self._init_one(key, params, hyper0, spec, move, model_args, model_kwargs)
@@ -320,9 +325,10 @@ class PartitionKernel(DiscreteSiteKernel):
         def sample_one(state, args, kwargs):
             return self._sample_one(state, spec, move, args, kwargs)
 
+        # one compiled program (op by op, the start compiled a hundred small ones)
         if batched:
             axes = {k: 0 for k in init_params}
-            state = jax.vmap(init_one, in_axes=(0, axes))(rng_key, init_params)
+            state = jax.jit(jax.vmap(init_one, in_axes=(0, axes)))(rng_key, init_params)
             batching = self._chain_batching
             if batching == "auto":
                 batching = "map" if jax.default_backend() == "cpu" else "vmap"
@@ -333,9 +339,24 @@ class PartitionKernel(DiscreteSiteKernel):
                     lambda s: sample_one(s, args, kwargs), state
                 )
         else:
-            state = init_one(rng_key, init_params)
+            state = jax.jit(init_one)(rng_key, init_params)
             self._sample_fn = sample_one
         return state
+
+    def _check_init_labels(self, init_params, spec):
+        """Given initial labels must fit the capacity (checked on the host, before compiling)."""
+        labels = init_params.get(spec.partition_site)
+        if labels is None or isinstance(labels, jax.core.Tracer):
+            return
+        labels = np.asarray(labels)
+        capacity = self.capacity_for(spec.num_points)
+        for row in labels.reshape(-1, labels.shape[-1]):
+            k = len(np.unique(row))
+            if k > capacity:
+                raise ValueError(
+                    f"init_params['{spec.partition_site}'] has {k} clusters "
+                    f"but capacity is {capacity}; pass capacity >= that."
+                )
 
     def _init_one(self, key, params, hyper0, spec, move, model_args, model_kwargs):
         n = spec.num_points
@@ -352,12 +373,7 @@ class PartitionKernel(DiscreteSiteKernel):
         measure, family, X, _, _ = self._read(z_read, model_args, model_kwargs)
         if spec.partition_site in params:
             labels = jnp.asarray(params[spec.partition_site]).astype(jnp.int32)
-            labels = canonical_labels(labels, n)
-            if not isinstance(labels, jax.core.Tracer) and int(labels.max()) + 1 > capacity:
-                raise ValueError(
-                    f"init_params['{spec.partition_site}'] has {int(labels.max()) + 1} clusters "
-                    f"but capacity is {capacity}; pass capacity >= that."
-                )
+            labels = canonical_labels(labels, n)  # fits the capacity (_check_init_labels)
         else:
             u0 = z.get(spec.u_site, jnp.ones(())) if spec.u_site is not None else jnp.ones(())
             labels = self._init_labels(k_labels, params, measure, family, X, u0, capacity, cid)

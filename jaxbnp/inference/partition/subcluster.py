@@ -69,7 +69,7 @@ from jax import lax
 from jax.scipy.special import gammaln
 
 from ..._random import (
-    cut, log_dirichlet_from_uniform, loggamma_uniforms, sizes, uniform, uniform_rows,
+    cut, log_dirichlet_from_uniform, loggamma_uniforms, sizes, typed_key, uniform, uniform_rows,
 )
 from ..._pytree import tree_add
 from ..._validation import check_data, check_host_array, check_int, check_real
@@ -232,7 +232,7 @@ class _IterationRandomness:
     def __init__(self, key, family, stats, capacity: int, num_launch_sweeps: int, dtype):
         C, T, B = capacity, num_launch_sweeps, LABEL_BLOCKS
         P, Ph = C // 2, (C + 1) // 2  # pairs; Dirichlet pairs of sub-clusters (odd C: one pad)
-        keys = jax.random.split(key, 5 + 2 * (T + 1))
+        keys = jax.random.split(typed_key(key), 5 + 2 * (T + 1))
         param_shapes = [tuple(shape) for shape in family.param_uniforms(stats)[0]]
         head = ((B,), (P,), (P,), loggamma_uniforms((C,)), *param_shapes, *param_shapes)
         launch = (loggamma_uniforms((Ph, 2)), *param_shapes)
@@ -546,12 +546,16 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         sub_lw, sub_params = _launch_draw(rng, t, family, sub_counts, sub_stats, dtype)
         return sub_lw, sub_params, _sub_logit(X, pp, sub_lw, sub_params, family)
 
-    def sweep(t, h):
+    # launch steps 0 .. T in one loop (one compiled copy of the launch): step t < T draws
+    # the sub-labels from column 2 + t; the last step's draw is discarded
+    def sweep(t, carry):
+        h, _ = carry
+        out = launch(t, h)
         u = lax.dynamic_index_in_dim(noise, 2 + t, axis=1, keepdims=False)
-        return _draw(launch(t, h)[2], u)
+        return jnp.where(t < T, _draw(out[2], u), h), out
 
-    h = lax.fori_loop(0, T, sweep, h)
-    sub_lw, sub_params, logit = launch(T, h)
+    first = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(launch, 0, h))
+    h, (sub_lw, sub_params, logit) = lax.fori_loop(0, T + 1, sweep, (h, first))
     split_pair, merge_pair = _split_kinds(counts, pairs)
     zbar, side, t1, t2 = _split_proposal(logit, noise, labels, pp, split_pair, pairs.a_slot,
                                          sharpness, T)
@@ -584,7 +588,7 @@ def _keyed_iteration(run_iteration, key, labels, X, measure, family, capacity, n
     """``run_iteration`` (:func:`iteration` or a :func:`sharded_iteration`) on all points from
     one key, split into the per-point noise key and the iteration's key."""
     X = jnp.asarray(X)
-    k_noise, k_iter = jax.random.split(key)
+    k_noise, k_iter = jax.random.split(typed_key(key))
     noise = point_noise(k_noise, X.shape[0], num_launch_sweeps, jnp.result_type(X.dtype, float))
     return run_iteration(k_iter, noise, X, jnp.ones(X.shape[0], bool), labels, measure, family,
                          capacity, num_launch_sweeps, sharpness, totals=totals)
@@ -899,7 +903,7 @@ def fit_subcluster_chunked(
 
     counts, stats = total([_sc_stats(load(s, e, validate=True), valid[i], labels[i], family, C)
                            for i, (s, e) in enumerate(bounds)])
-    keys = jax.random.split(key, num_iterations)
+    keys = jax.random.split(typed_key(key), num_iterations)
     trace = {f: [] for f in ("num_clusters", "log_joint", "num_splits", "num_merges")}
     for it in range(num_iterations):
         k_noise, k_iter = jax.random.split(keys[it])

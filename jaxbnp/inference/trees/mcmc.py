@@ -71,6 +71,8 @@ import numpy as np
 from jax import lax
 from numpyro.util import is_prng_key
 
+from ..._cache import auto_enable
+from ..._random import typed_key
 from ..._validation import check_data
 from ...models.ddt import (
     BrownianLeaves,
@@ -648,6 +650,8 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         return map_chains(one, rng_key, init_params)
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
+        auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         spec = self._setup(init_params, model_args, model_kwargs)
         return self._init_chains(spec, rng_key, init_params, model_args, model_kwargs)
 

@@ -60,6 +60,8 @@ from jax import lax
 from jax.scipy.special import logsumexp
 from numpyro.util import is_prng_key
 
+from ..._cache import auto_enable
+from ..._random import typed_key
 from ..._validation import check_int
 from ...models.ddt import (
     Tree, attach, bottom_up_order, detach, log_joint_terms_and_sizes, num_leaves, root_of,
@@ -534,6 +536,8 @@ class PopulationDDT(DiffusionTreeMCMC):
         return self._temperature
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
+        auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         if is_prng_key(rng_key) or jnp.shape(rng_key)[0] != self._num_chains:
             got = 1 if is_prng_key(rng_key) else jnp.shape(rng_key)[0]
             raise ValueError(

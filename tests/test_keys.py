@@ -1,0 +1,143 @@
+"""NumPyro's contract on keys: every public kernel and fitting function takes
+``jax.random.PRNGKey(seed)`` (legacy ``uint32`` key data, what NumPyro's examples use) as
+well as ``jax.random.key(seed)`` (a typed key), and gives the same draws for the same seed.
+
+Each entry runs on a few points for a few iterations with both kinds of key; the draws
+(labels, trees, paths) must be equal exactly and the floats to the last bit. The
+reference is computed once per entry with the typed key (``_typed`` cache), so a broken
+entry fails for the legacy key alone. ``test_a_wrong_entry_is_caught`` is the power check:
+an entry that ignores part of its key is found.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC, NUTS, Gibbs, HMCGibbs
+
+import jaxbnp as bnp
+from jaxbnp.inference import runner
+from jaxbnp.inference.partition import moves
+
+SEED = 3
+X = np.r_[np.random.default_rng(0).normal(-3.0, 0.6, (6, 2)), np.random.default_rng(1).normal(3.0, 0.6, (6, 2))]
+FAMILY = bnp.NormalWishart.from_data(X)
+
+
+def dp_model(X):
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    numpyro.sample("X", bnp.ConjugateMixture(FAMILY, z), obs=X)
+
+
+def nggp_model(X):
+    u = numpyro.sample("u", bnp.AuxiliaryU())
+    z = numpyro.sample("z", bnp.Partition(bnp.NGGP(1.0, 0.3, 1.0), X.shape[0], u=u))
+    numpyro.sample("X", bnp.ConjugateMixture(FAMILY, z), obs=X)
+
+
+def alpha_model(X):
+    alpha = numpyro.sample("alpha", dist.Gamma(2.0, 2.0))
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(alpha), X.shape[0]))
+    numpyro.sample("X", bnp.ConjugateMixture(FAMILY, z), obs=X)
+
+
+def tree_model(X):
+    tree = numpyro.sample("tree", bnp.DiffusionTree(1.2, X.shape[0]))
+    numpyro.sample("X", bnp.BrownianLeaves(tree, 0.9, 0.2), obs=X)
+
+
+def _mcmc(kernel, key, num_chains=1, extra=(), warmup_then_run=False, **kw):
+    mcmc = MCMC(kernel, num_warmup=2, num_samples=3, num_chains=num_chains,
+                chain_method="vectorized", progress_bar=False, **kw)
+    if warmup_then_run:  # NumPyro puts the user's key into the warmed-up state as it is
+        mcmc.warmup(key, jnp.asarray(X))
+        mcmc.run(key, jnp.asarray(X), extra_fields=extra)
+    else:
+        mcmc.run(key, jnp.asarray(X), extra_fields=extra)
+    return {"samples": mcmc.get_samples(), "extra": mcmc.get_extra_fields()}
+
+
+def _partition(kernel_cls, model=dp_model, **kw):
+    return lambda key: _mcmc(kernel_cls(model, **kw), key, extra=("log_joint",))
+
+
+def _labels(state):
+    return state.z["z"]
+
+
+ENTRIES = {
+    "CollapsedGibbs": _partition(bnp.CollapsedGibbs, init_strategy="prior"),
+    "CollapsedGibbs/nggp": _partition(bnp.CollapsedGibbs, nggp_model),
+    "CollapsedGibbs/alpha": _partition(bnp.CollapsedGibbs, alpha_model, update_hyperparameters=True),
+    "SplitMerge": _partition(bnp.SplitMerge, num_split_merge=2),
+    "TreeGuidedMCMC": _partition(bnp.TreeGuidedMCMC),
+    "SubClusterMCMC": _partition(bnp.SubClusterMCMC, capacity=6),
+    "SubClusterMCMC/2 chains": lambda key: _mcmc(bnp.SubClusterMCMC(dp_model, capacity=6), key,
+                                                 num_chains=2),
+    "SubClusterMCMC/warmup then run": lambda key: _mcmc(bnp.SubClusterMCMC(dp_model, capacity=6), key,
+                                                        warmup_then_run=True),
+    "PartitionKernel": lambda key: _mcmc(bnp.PartitionKernel(
+        dp_model, moves.chain(moves.split_merge(1), moves.gibbs_sweep())), key),
+    "Gibbs(NUTS, CollapsedGibbs)": lambda key: _mcmc(
+        Gibbs([(bnp.CollapsedGibbs(alpha_model), ["z"]), (NUTS(alpha_model), None)]), key),
+    "HMCGibbs(collapsed_gibbs_fn)": lambda key: _mcmc(HMCGibbs(
+        NUTS(alpha_model), gibbs_fn=bnp.collapsed_gibbs_fn(alpha_model, jnp.asarray(X)),
+        gibbs_sites=["z"]), key),
+    "DiffusionTreeMCMC": lambda key: _mcmc(bnp.DiffusionTreeMCMC(tree_model), key),
+    "PopulationDDT": lambda key: _mcmc(bnp.PopulationDDT(tree_model, 2, 2), key, num_chains=2),
+    "fit_ddt": lambda key: bnp.fit_ddt(X, num_chains=2, num_samples=2, num_warmup=1, key=key,
+                                       progress_bar=False).samples,
+    "fit_bhmc": lambda key: bnp.fit_bhmc(key, X, depth=2, num_samples=2,
+                                         num_warmup=1).log_lik,
+    "fit_subcluster_chunked": lambda key: bnp.fit_subcluster_chunked(
+        X, bnp.DP(1.0), FAMILY, 3, key=key, capacity=6).labels,
+    "runner.run": lambda key: runner.run(lambda c: bnp.SubClusterMCMC(bnp.mixture_model, capacity=c),
+                                         key, (jnp.asarray(X), bnp.DP(1.0), FAMILY), num_warmup=1,
+                                         num_samples=2, num_chains=2, capacity=6,
+                                         collect=_labels, progress_bar=False,
+                                         cache_key="test_keys").samples,
+}
+
+_typed: dict = {}
+
+
+def _assert_same(a, b):
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves_a) == len(leaves_b) > 0
+    for x, y in zip(leaves_a, leaves_b):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.shape == y.shape and x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+
+
+def _reference(name):
+    if name not in _typed:
+        _typed[name] = ENTRIES[name](jax.random.key(SEED))
+    return _typed[name]
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_legacy_and_typed_keys_give_the_same_draws(name):
+    legacy = ENTRIES[name](jax.random.PRNGKey(SEED))
+    _assert_same(legacy, _reference(name))
+
+
+def test_a_wrong_entry_is_caught():
+    """Power: another seed (the same kernel and data) gives other draws, so the
+    comparison above can fail."""
+    other = ENTRIES["SubClusterMCMC"](jax.random.PRNGKey(SEED + 1))
+    with pytest.raises(AssertionError):
+        _assert_same(other, _reference("SubClusterMCMC"))
+
+
+def test_anything_else_is_a_clear_error():
+    from jaxbnp._random import typed_key
+
+    with pytest.raises(TypeError, match="random key"):
+        typed_key(np.float32(0.5))
+    with pytest.raises(TypeError, match="random key"):
+        typed_key(3)
