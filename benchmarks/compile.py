@@ -100,8 +100,10 @@ def _child(name: str, runs: int, cache: str) -> list:
     env = dict(os.environ, JAXBNP_CACHE_DIR=cache, JAXBNP_PROGRESS="0", JAX_PLATFORMS="cpu")
     for var in ("XLA_FLAGS", "JAX_ENABLE_X64", "JAXBNP_COMPILATION_CACHE"):
         env.pop(var, None)
-    proc = subprocess.run([sys.executable, "-c", _CHILD, name, str(runs)], env=env,
-                          capture_output=True, text=True, timeout=1800)
+    # run outside the checkout, so that PYTHONPATH (another checkout) decides which jaxbnp
+    with tempfile.TemporaryDirectory() as cwd:
+        proc = subprocess.run([sys.executable, "-c", _CHILD, name, str(runs)], env=env, cwd=cwd,
+                              capture_output=True, text=True, timeout=1800)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not line:
         return [{"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"}]
