@@ -56,12 +56,21 @@ __all__ = ["MAPDP", "DirichletProcessMixture", "select_alpha", "SingleClusterWar
 
 
 def _validated(estimator, X, reset: bool) -> np.ndarray:
-    """``X`` through scikit-learn's ``validate_data`` (dense, 2-D, finite, numeric: its
-    messages; ``n_features_in_`` and ``feature_names_in_`` set when ``reset``, compared
-    otherwise), as float64 on the host; then :func:`check_data`'s own checks."""
-    arr = validate_data(estimator, X, reset=reset, dtype=[np.float64, np.float32],
-                        accept_sparse=False, ensure_min_samples=1)
-    return check_data(np.asarray(arr, dtype=np.float64))
+    """``X`` through scikit-learn's ``validate_data`` (dense, 2-D, non-empty, finite, numeric:
+    its messages; ``n_features_in_`` and ``feature_names_in_`` set when ``reset``, compared
+    otherwise), as float64 on the host. The callers then check the family's own constraints
+    (:func:`check_data` with ``family``, or ``family.validate_data``)."""
+    try:
+        # "numeric": object arrays of numbers are converted, strings are refused
+        arr = validate_data(estimator, X, reset=reset, dtype="numeric", accept_sparse=False,
+                            ensure_min_samples=1)
+    except ValueError as exc:
+        if "could not convert" in str(exc):  # numpy's message names no input
+            raise ValueError(
+                f"X must be numeric; an entry could not be converted to float ({exc})."
+            ) from exc
+        raise
+    return np.asarray(arr, dtype=np.float64)
 
 
 class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
