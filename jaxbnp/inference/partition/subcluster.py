@@ -232,6 +232,7 @@ class _IterationRandomness:
     def __init__(self, key, family, stats, capacity: int, num_launch_sweeps: int, dtype):
         C, T, B = capacity, num_launch_sweeps, LABEL_BLOCKS
         P, Ph = C // 2, (C + 1) // 2  # pairs; Dirichlet pairs of sub-clusters (odd C: one pad)
+        # typed: the keys are sliced and reshaped below (legacy key data has a trailing axis)
         keys = jax.random.split(typed_key(key), 5 + 2 * (T + 1))
         param_shapes = [tuple(shape) for shape in family.param_uniforms(stats)[0]]
         head = ((B,), (P,), (P,), loggamma_uniforms((C,)), *param_shapes, *param_shapes)
@@ -588,7 +589,7 @@ def _keyed_iteration(run_iteration, key, labels, X, measure, family, capacity, n
     """``run_iteration`` (:func:`iteration` or a :func:`sharded_iteration`) on all points from
     one key, split into the per-point noise key and the iteration's key."""
     X = jnp.asarray(X)
-    k_noise, k_iter = jax.random.split(typed_key(key))
+    k_noise, k_iter = jax.random.split(key)
     noise = point_noise(k_noise, X.shape[0], num_launch_sweeps, jnp.result_type(X.dtype, float))
     return run_iteration(k_iter, noise, X, jnp.ones(X.shape[0], bool), labels, measure, family,
                          capacity, num_launch_sweeps, sharpness, totals=totals)
@@ -903,7 +904,7 @@ def fit_subcluster_chunked(
 
     counts, stats = total([_sc_stats(load(s, e, validate=True), valid[i], labels[i], family, C)
                            for i, (s, e) in enumerate(bounds)])
-    keys = jax.random.split(typed_key(key), num_iterations)
+    keys = jax.random.split(key, num_iterations)
     trace = {f: [] for f in ("num_clusters", "log_joint", "num_splits", "num_merges")}
     for it in range(num_iterations):
         k_noise, k_iter = jax.random.split(keys[it])
