@@ -92,6 +92,7 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
 from ..._cache import auto_enable
+from ..._programs import call_cached
 from ..._random import log_beta_pair, log_dirichlet, typed_key
 from ..._validation import check_data, check_int
 from ...errors import CapacityError
@@ -1493,7 +1494,7 @@ class BHMCKernel(MCMCKernel):
         start = params.get("start")
         config = self.config
 
-        def init_one(key, chain, start):
+        def init_one(key, chain, start, X, model, hyper):
             k_init, k_run = jax.random.split(key)
             k = jax.random.fold_in(k_init, chain)
             if start is None:
@@ -1504,7 +1505,17 @@ class BHMCKernel(MCMCKernel):
             return BHMCKernelState(state, _no_moves(X.shape[0]), best, k_run, jnp.asarray(chain, jnp.int32),
                                    jnp.zeros((), jnp.int32), jnp.asarray(num_warmup, jnp.int32))
 
-        return jax.vmap(init_one)(run_key, chain, start) if batched else init_one(run_key, chain, start)
+        def program(key, chain, start, args, kwargs):
+            X, model, hyper = args
+            if batched:
+                return jax.vmap(init_one, in_axes=(0, 0, 0, None, None, None))(key, chain, start, X, model, hyper)
+            return init_one(key, chain, start, X, model, hyper)
+
+        # one compiled program, kept on the kernel: a second MCMC.run of the same shape
+        # compiles nothing
+        static = (config, batched, num_warmup)
+        return call_cached(self, "init", static, program, run_key, chain, start,
+                           model_args=model_args, model_kwargs=model_kwargs)
 
     def sample(self, state, model_args, model_kwargs):
         X, model, _ = model_args

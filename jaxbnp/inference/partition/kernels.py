@@ -47,6 +47,7 @@ import numpyro.distributions as dist
 from numpyro.util import is_prng_key
 
 from ..._cache import auto_enable
+from ..._programs import call_cached
 from ..._random import typed_key
 from ..._validation import check_data, check_int, check_labels
 from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
@@ -319,16 +320,22 @@ class PartitionKernel(DiscreteSiteKernel):
         spec, move = self._spec, self._move
         self._check_init_labels(init_params, spec)
 
-        def init_one(key, params):
-            return self._init_one(key, params, hyper0, spec, move, model_args, model_kwargs)
+        def init_one(key, params, hyper, args, kwargs):
+            return self._init_one(key, params, hyper, spec, move, args, kwargs)
 
         def sample_one(state, args, kwargs):
             return self._sample_one(state, spec, move, args, kwargs)
 
         # one compiled program (op by op, the start compiled a hundred small ones)
+        # kept on the kernel: a second MCMC.run of the same shape compiles nothing
+        static = (spec, move, batched, self.capacity_for(spec.num_points), self.host_overflow_check,
+                  self._init_strategy, tuple(sorted(init_params)))
         if batched:
             axes = {k: 0 for k in init_params}
-            state = jax.jit(jax.vmap(init_one, in_axes=(0, axes)))(rng_key, init_params)
+            state = call_cached(
+                self, "init", static, jax.vmap(init_one, in_axes=(0, axes, None, None, None)),
+                rng_key, init_params, hyper0, model_args=model_args, model_kwargs=model_kwargs,
+            )
             batching = self._chain_batching
             if batching == "auto":
                 batching = "map" if jax.default_backend() == "cpu" else "vmap"
@@ -339,7 +346,8 @@ class PartitionKernel(DiscreteSiteKernel):
                     lambda s: sample_one(s, args, kwargs), state
                 )
         else:
-            state = jax.jit(init_one)(rng_key, init_params)
+            state = call_cached(self, "init", static, init_one, rng_key, init_params, hyper0,
+                                model_args=model_args, model_kwargs=model_kwargs)
             self._sample_fn = sample_one
         return state
 

@@ -72,6 +72,7 @@ from jax import lax
 from numpyro.util import is_prng_key
 
 from ..._cache import auto_enable
+from ..._programs import call_cached
 from ..._random import typed_key
 from ..._validation import check_data
 from ...models.ddt import (
@@ -641,13 +642,18 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         """The initial state(s): one chain for one key, else a batch (leading chain axis)."""
         init_params = dict(init_params or {})
 
-        def one(k, p):
-            return self._init_one(spec, k, p, model_args, model_kwargs)
+        def one(k, p, args, kwargs):
+            return self._init_one(spec, k, p, args, kwargs)
 
-        # one compiled program (op-by-op tracing of the generative process is slow to compile)
-        if is_prng_key(rng_key):
-            return jax.jit(one)(rng_key, init_params)
-        return map_chains(one, rng_key, init_params)
+        def many(ks, ps, args, kwargs):
+            return lax.map(lambda a: one(*a, args, kwargs), (ks, ps))
+
+        # one compiled program (op-by-op tracing of the generative process is slow to
+        # compile), kept on the kernel: a second MCMC.run of the same shape compiles nothing
+        batched = not is_prng_key(rng_key)
+        static = (spec, batched, self._init_strategy, tuple(sorted(init_params)))
+        return call_cached(self, "init", static, many if batched else one, rng_key, init_params,
+                           model_args=model_args, model_kwargs=model_kwargs)
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws

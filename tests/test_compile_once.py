@@ -1,0 +1,103 @@
+"""A second ``MCMC.run`` of the same kernel on data of the same shape compiles nothing
+(issue #36): the kernels keep their compiled start on themselves
+(:func:`jaxbnp._programs.call_cached`), and NumPyro keeps its loop.
+
+Counted with JAX's own monitoring events: an XLA compilation, or a program loaded from
+the persistent compilation cache, counts as one. NumPyro's defaults (``progress_bar=True``) reuse the loop when the data are
+the same array; ``jit_model_args=True`` reuses it for new data of the same shape. (With
+``progress_bar=False`` NumPyro wraps its loop in a fresh ``jax.jit`` on every run and
+compiles it again, NUTS included; ``test_nuts_recompiles_without_progress_bar`` pins that
+down, so this file notices when NumPyro changes it.) The power check: a new shape compiles.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import jax
+import jax.monitoring
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC, NUTS
+
+import jaxbnp as bnp
+from jaxbnp.inference.bhmc import sampler as bhmc
+from jaxbnp.models.nested import NestedHDP
+
+EVENTS: Counter = Counter()
+COMPILE = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT = "/jax/compilation_cache/cache_hits"  # a program loaded from the persistent cache
+jax.monitoring.register_event_duration_secs_listener(lambda event, duration, **kw: EVENTS.update([event]))
+jax.monitoring.register_event_listener(lambda event, **kw: EVENTS.update([event]))
+
+X = np.r_[np.random.default_rng(0).normal(-3.0, 0.6, (5, 2)), np.random.default_rng(1).normal(3.0, 0.6, (5, 2))]
+FAMILY = bnp.NormalWishart.from_data(X)
+
+
+def dp_model(X):
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    numpyro.sample("X", bnp.ConjugateMixture(FAMILY, z), obs=X)
+
+
+def tree_model(X):
+    tree = numpyro.sample("tree", bnp.DiffusionTree(1.2, X.shape[0]))
+    numpyro.sample("X", bnp.BrownianLeaves(tree, 0.9, 0.2), obs=X)
+
+
+def _bhmc_args(X):
+    hyper = NestedHDP(2, 1.0, 1.0, 1.0, np.eye(2), 4.0 * np.eye(2))
+    return (jnp.asarray(X), bhmc.make_model(hyper),
+            bhmc.BHMCHyper(*(jnp.asarray(v) for v in (hyper.alpha, hyper.gamma0, hyper.gamma))))
+
+
+KERNELS = {
+    "CollapsedGibbs": (lambda: bnp.CollapsedGibbs(dp_model), lambda X: (X,)),
+    "SubClusterMCMC": (lambda: bnp.SubClusterMCMC(dp_model), lambda X: (X,)),
+    "DiffusionTreeMCMC": (lambda: bnp.DiffusionTreeMCMC(tree_model), lambda X: (X,)),
+    "BHMCKernel": (lambda: bhmc.BHMCKernel(bhmc.BHMCConfig(2, 15, 6)), _bhmc_args),
+}
+
+
+def _compiles(mcmc, key, args):
+    EVENTS.clear()
+    mcmc.run(key, *args)
+    jax.block_until_ready(mcmc.get_samples())
+    return EVENTS[COMPILE] + EVENTS[CACHE_HIT]
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_second_run_compiles_nothing(name):
+    """One compilation of the loop per kernel (the costly part): ``jit_model_args=True``
+    covers a new key, the other kind of key and new data of the same shape."""
+    make_kernel, make_args = KERNELS[name]
+    X0 = jnp.asarray(X)
+    mcmc = MCMC(make_kernel(), num_warmup=1, num_samples=2, jit_model_args=True)
+    assert _compiles(mcmc, jax.random.PRNGKey(0), make_args(X0)) > 0
+    assert _compiles(mcmc, jax.random.PRNGKey(1), make_args(X0)) == 0
+    assert _compiles(mcmc, jax.random.key(2), make_args(X0 + 0.5)) == 0
+
+
+def test_defaults_and_a_new_shape():
+    """NumPyro's defaults (loop keyed by the data array) and the power check: another
+    shape is another program."""
+    X0 = jnp.asarray(X)
+    mcmc = MCMC(bnp.CollapsedGibbs(dp_model), num_warmup=1, num_samples=2)
+    assert _compiles(mcmc, jax.random.PRNGKey(0), (X0,)) > 0
+    assert _compiles(mcmc, jax.random.PRNGKey(1), (X0,)) == 0
+    assert _compiles(mcmc, jax.random.PRNGKey(1), (X0[:-1],)) > 0
+
+
+def test_nuts_recompiles_without_progress_bar():
+    """NumPyro's own behaviour, which the kernels cannot change: with ``progress_bar=False``
+    every ``run`` compiles its loop again (JAX's persistent cache can then serve it)."""
+
+    def model(X):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        numpyro.sample("X", dist.Normal(mu, 1.0), obs=X)
+
+    mcmc = MCMC(NUTS(model), num_warmup=2, num_samples=2, progress_bar=False)
+    _compiles(mcmc, jax.random.PRNGKey(0), (jnp.ones(3),))
+    assert _compiles(mcmc, jax.random.PRNGKey(1), (jnp.ones(3),)) > 0
