@@ -7,9 +7,8 @@ is dominated by compiling many small programs that each run briefly (measured on
 tests/test_kernel.py: 109 -> 57 CPU-s). Speed is measured in benchmarks/, with
 XLA's defaults.
 The library's own default dtype is JAX's default (float32); the main job's
-subprocess test runs in float32. The library's own persistent compilation cache is off
-(``JAXBNP_COMPILATION_CACHE=0``) except in the tests of the cache itself; instead the run
-shares one temporary JAX cache between its workers and subprocesses (below).
+subprocess test runs in float32. The persistent compilation cache is off
+(``JAXBNP_COMPILATION_CACHE=0``) except in the tests of the cache itself.
 
 After a test file, JAX's compiled programs are dropped (``jax.clear_caches``) once the
 worker holds more than ``MAX_MAPPED_REGIONS`` memory regions: XLA:CPU maps about 19 regions
@@ -22,27 +21,12 @@ for the next files that run the same functions.
 
 import gc
 import os
-import shutil
-import tempfile
 
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4 " + TEST_XLA_FLAGS)
 # the CLI and the estimators turn on JAX's persistent compilation cache in ~/.cache by
 # default: not in the suite (and its subprocesses), except where a test asks for it
 os.environ["JAXBNP_COMPILATION_CACHE"] = "0"
-
-# One persistent compilation cache for the whole run, shared by both workers and the tests'
-# subprocesses (the controller makes the folder; the workers inherit the variable): the
-# suite builds the same programs many times from fresh kernels, estimators and closures,
-# which JAX's in-memory caches (keyed by the Python function) do not see as the same.
-# JAX keys an entry by the program, its flags and the backend, so a hit is the executable
-# a compilation would have made. Programs with host callbacks are never written.
-SUITE_CACHE_ENV = "JAXBNP_SUITE_CACHE"
-_OWN_SUITE_CACHE = not os.environ.get(SUITE_CACHE_ENV)
-if _OWN_SUITE_CACHE:
-    os.environ[SUITE_CACHE_ENV] = tempfile.mkdtemp(prefix="jaxbnp-suite-cache-")
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ[SUITE_CACHE_ENV])
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.05")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -70,19 +54,3 @@ def _drop_compiled_programs():
     if regions is not None and regions > MAX_MAPPED_REGIONS:
         jax.clear_caches()
         gc.collect()
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """The run's shared compilation cache goes with the run (the controller, or a run
-    without workers, made it)."""
-    if _OWN_SUITE_CACHE and not hasattr(session.config, "workerinput"):
-        shutil.rmtree(os.environ[SUITE_CACHE_ENV], ignore_errors=True)
-
-
-def without_suite_cache(env: dict) -> dict:
-    """A subprocess environment without the suite's shared cache (for the tests of the
-    library's own cache switches)."""
-    env = dict(env)
-    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
-        env.pop(name, None)
-    return env

@@ -15,7 +15,7 @@ import pytest
 
 from jaxbnp import _cache
 
-from .conftest import TEST_XLA_FLAGS, without_suite_cache
+from .conftest import TEST_XLA_FLAGS
 
 
 def test_cache_dir_from_the_environment(monkeypatch, tmp_path):
@@ -48,8 +48,7 @@ _SCRIPT = textwrap.dedent(
 
 
 def _fit_in_subprocess(mode: str, cache: Path, switch: str | None = None):
-    env = {k: v for k, v in without_suite_cache(os.environ).items()
-           if k not in ("XLA_FLAGS", "JAXBNP_COMPILATION_CACHE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXBNP_COMPILATION_CACHE")}
     env.update(XLA_FLAGS=TEST_XLA_FLAGS, JAXBNP_CACHE_DIR=str(cache))
     if switch is not None:
         env["JAXBNP_COMPILATION_CACHE"] = switch

@@ -10,12 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from .conftest import TEST_XLA_FLAGS, without_suite_cache
+from .conftest import TEST_XLA_FLAGS
 
 
 def _run_cli(*args, cwd, env=None):
-    base = os.environ if env is None or "JAXBNP_CACHE_DIR" not in env else without_suite_cache(os.environ)
-    env = {**{k: v for k, v in base.items() if k != "XLA_FLAGS"}, **(env or {})}
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, **(env or {})}
     env["XLA_FLAGS"] = TEST_XLA_FLAGS  # faster compilation only (tests/conftest.py)
     return subprocess.run(
         [sys.executable, "-m", "jaxbnp.cli", *args], cwd=cwd, env=env,
