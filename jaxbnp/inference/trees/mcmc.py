@@ -102,7 +102,7 @@ from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 
 __all__ = [
     "Hyperpriors", "DDTState", "DDTInfo", "init", "step",
-    "subtree_proposal", "subtree_log_q_ratio", "select_state", "map_chains",
+    "subtree_proposal", "subtree_log_q_ratio", "select_state",
     "DiffusionTreeMCMC", "DiffusionTreeMCMCState",
 ]
 
@@ -522,13 +522,6 @@ def _find_spec(tr, kernel_name: str) -> ModelSpec:
     return ModelSpec(trees[0], datas[0], found["c"], found["sigma"], found["noise"], tree_site["fn"].num_points)
 
 
-def map_chains(init_one: Callable, keys: jax.Array, params: dict):
-    """Initial states of a batch of chains in one compiled program. ``lax.map``, not
-    ``vmap``: initialisation runs once, and the batched generative process takes about
-    twice as long to compile."""
-    return jax.jit(lambda ks, ps: lax.map(lambda a: init_one(*a), (ks, ps)))(keys, params)
-
-
 class DiffusionTreeMCMC(DiscreteSiteKernel):
     """MCMC over a Dirichlet diffusion tree (and ``c``, ``σ``, ``s`` when they are sites).
 
@@ -646,6 +639,8 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
             return self._init_one(spec, k, p, args, kwargs)
 
         def many(ks, ps, args, kwargs):
+            # lax.map, not vmap: initialisation runs once, and the batched generative
+            # process takes about twice as long to compile
             return lax.map(lambda a: one(*a, args, kwargs), (ks, ps))
 
         # one compiled program (op-by-op tracing of the generative process is slow to
