@@ -165,14 +165,22 @@ class _Ticks:
         self.total += n
 
 
-def test_kernel_under_numpyro_mcmc_gives_fit_bhmc_draws():
+@pytest.mark.parametrize("chain_method", ["auto", "threads"])
+def test_kernel_under_numpyro_mcmc_gives_fit_bhmc_draws(monkeypatch, chain_method):
     """BHMCKernel under MCMC(chain_method="vectorized") with fit_bhmc's keys (init_params)
-    draws what fit_bhmc (runner.run over the same kernel) draws; the state carries all."""
+    draws what fit_bhmc (runner.run over the same kernel) draws, whichever way fit_bhmc runs
+    its chains ("auto": one per device, the suite's 4 host devices, with the compiler
+    options; "threads": one per core, from threads); the state carries all."""
+    from jaxbnp.inference import runner
+
+    monkeypatch.setattr(runner, "cpu_cores", lambda: 2)
+    expected = {"auto": "parallel", "threads": "threads"}[chain_method]
+    assert runner.resolve_chain_method(chain_method, 2) == expected
     X = np.linspace(-2.0, 2.0, 6)[:, None]
     key = jax.random.key(3)
     ticks = _Ticks()
     fit = bhmc.fit_bhmc(key, X, depth=2, num_warmup=1, num_samples=2, num_chains=2, heartbeat=ticks,
-                        compiler_options=FAST, init="prior")
+                        compiler_options=FAST, init="prior", chain_method=chain_method)
     assert ticks.total == 2 * (1 + 2)  # chain sweeps
     timing = fit.samples["timing"]
     assert timing["num_first_sweeps"] + timing["num_other_sweeps"] == 3 and timing["num_chains"] == 2

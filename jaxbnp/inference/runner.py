@@ -23,7 +23,7 @@ one group per core, each group a vectorized program run from its own thread; XLA
 runs the programs side by side). ``"auto"`` (the default) takes ``"parallel"`` when
 there is a device per chain, else ``"threads"`` on a CPU with several cores, else
 ``"vectorized"``, for kernels that declare ``chains_in_threads`` (the partition
-kernels); others run ``"vectorized"``. All give the same draws.
+kernels and BHMC's); others run ``"vectorized"``. All give the same draws.
 
 The estimators (:class:`~jaxbnp.estimators.DirichletProcessMixture`), the
 ``jaxbnp`` command line and the ``fit_*`` functions all sample through it and
@@ -135,9 +135,11 @@ def _compile(kernel, collect, compiler_options, chain_method, num_chains, num_wa
 
     opts = {} if compiler_options is None else {"compiler_options": dict(compiler_options)}
     if parallel:  # one chain per device; model arguments and loop bounds are broadcast
-        return (jax.pmap(start, in_axes=(0, 0, None, None), **opts),
-                jax.pmap(resume, in_axes=(0, None, None), **opts),
-                jax.pmap(advance, in_axes=(0, None, None, None, None), **opts))
+        # (pmap takes no compiler options: a jit around it carries them to XLA)
+        wrap = (lambda f: jax.jit(f, **opts)) if opts else (lambda f: f)
+        return (wrap(jax.pmap(start, in_axes=(0, 0, None, None))),
+                wrap(jax.pmap(resume, in_axes=(0, None, None))),
+                wrap(jax.pmap(advance, in_axes=(0, None, None, None, None))))
     # vectorized: the kernel batches the chains itself, from the keys' leading axis
     return jax.jit(start, **opts), jax.jit(resume, **opts), jax.jit(advance, **opts)
 

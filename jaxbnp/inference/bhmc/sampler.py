@@ -1477,6 +1477,9 @@ class BHMCKernel(MCMCKernel):
     """
 
     sample_field = "sample"
+    #: the chains are independent and keep no host-side state: :func:`jaxbnp.inference.runner.run`
+    #: may cut them into groups run from threads (``chain_method="threads"``), the same draws
+    chains_in_threads = True
 
     def __init__(self, config: BHMCConfig):
         if not isinstance(config, BHMCConfig):
@@ -1630,6 +1633,7 @@ def fit_bhmc(
     store_samples: bool = True,
     compiler_options: dict | str | None = "auto",
     heartbeat: Any = None,
+    chain_method: str = "auto",
 ) -> BHMCFit:
     """Fit BHMC to ``X`` with ``num_chains`` chains of Algorithm 2 (docs/mathematics.md §6).
 
@@ -1664,6 +1668,10 @@ def fit_bhmc(
     where compile time dominates, and XLA's defaults otherwise. ``heartbeat``: a
     ``jaxbnp._progress.Heartbeat`` ticked by ``num_chains`` per sweep after
     each compiled block of sweeps (the CLI's progress lines); it changes no draw.
+    ``chain_method``: how the chains run (:func:`jaxbnp.inference.runner.run`): ``"auto"``
+    (default: one chain per device where there is a device per chain, else on a CPU with
+    several cores the chains cut into one group per core, each run from its own thread),
+    ``"vectorized"``, ``"parallel"`` or ``"threads"``; the same draws whichever.
 
     ``samples["timing"]``: ``first_sweep_s`` the seconds to the end of the first
     block of ``num_first_sweeps`` sweeps (one when there are at most
@@ -1745,7 +1753,8 @@ def fit_bhmc(
             num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
             collect=_collect_draws if store_samples else _collect_summary, init_params=init_params,
             capacity=M, max_capacity=M_most, progress_bar=False, heartbeat=clock,
-            cache_key=("bhmc", config._replace(node_capacity=None)), compiler_options=compiler_options)
+            cache_key=("bhmc", config._replace(node_capacity=None)), compiler_options=compiler_options,
+            chain_method=chain_method)
     except CapacityError:
         raise CapacityError(
             f"BHMC needs more slots than node_capacity={M_most} or component_capacity={K} (for its initial "
