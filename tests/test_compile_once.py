@@ -1,6 +1,7 @@
 """A second ``MCMC.run`` of the same kernel on data of the same shape compiles nothing
 (issue #36): the kernels keep their compiled start on themselves
-(:func:`jaxbnp._programs.call_cached`), and NumPyro keeps its loop.
+(:func:`jaxbnp._programs.call_cached`), and NumPyro keeps its loop; ``fit_ddt`` keeps its
+programs keyed by its settings (the priors' parameters are arguments).
 
 Counted with JAX's own monitoring events: an XLA compilation, or a program loaded from
 the persistent compilation cache, counts as one. NumPyro's defaults (``progress_bar=True``) reuse the loop when the data are
@@ -114,7 +115,22 @@ def nuts_counts():
             _compiles(mcmc, jax.random.PRNGKey(1), (jnp.ones(3),))]
 
 
+def fit_ddt_counts():
+    from jaxbnp.inference.trees.fit import fit_ddt
+
+    def compiles(data, seed):
+        EVENTS.clear()
+        fit = fit_ddt(data, num_chains=2, num_samples=2, num_warmup=1, key=jax.random.key(seed),
+                      progress_bar=False)
+        jax.block_until_ready(fit.log_joint)
+        return EVENTS[COMPILE] + EVENTS[CACHE_HIT]
+
+    # new data of the same shape (another sigma prior and noise, both taken from the data)
+    return [compiles(X, 0), compiles(X, 1), compiles(2.0 * X + 1.0, 2), compiles(X[:-1], 3)]
+
+
 out = {name: second_run_counts(name) for name in sorted(KERNELS)}
+out["fit_ddt"] = fit_ddt_counts()
 out["defaults"] = defaults_counts()
 out["nuts"] = nuts_counts()
 print("COUNTS " + json.dumps(out), flush=True)
@@ -148,6 +164,14 @@ def test_defaults_and_a_new_shape(counts):
     shape is another program."""
     first, second, new_shape = counts["defaults"]
     assert first > 0 and second == 0 and new_shape > 0, counts["defaults"]
+
+
+def test_fit_ddt_compiles_once_per_shape(counts):
+    """``fit_ddt`` again on data of the same shape (its default priors and noise scale with
+    the data, and are arguments of the compiled program) compiles nothing; another number
+    of points does (the power check)."""
+    first, second, new_data, new_shape = counts["fit_ddt"]
+    assert first > 0 and second == 0 and new_data == 0 and new_shape > 0, counts["fit_ddt"]
 
 
 def test_nuts_recompiles_without_progress_bar(counts):

@@ -9,6 +9,7 @@ one driver :func:`jaxbnp.inference.runner.run`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -49,6 +50,16 @@ class DDTFit(NamedTuple):
 
 #: the most points ``init="ward"`` takes (SciPy's Ward linkage holds n(n−1)/2 distances: 3.6 GB here)
 _MAX_WARD_POINTS = 30_000
+
+
+def _ddt_model(X, c_params, sigma_params, noise, *, c_tree, sigma_tree):
+    """:func:`fit_ddt`'s model: ``c ~ c_prior``, ``σ ~ sigma_prior``, ``tree ~ DiffusionTree(c, n)``,
+    ``X ~ BrownianLeaves(tree, σ, noise)``; the priors come as their pytree structure and
+    parameters (``jax.tree.flatten``), so that the parameters are traced arguments."""
+    c = numpyro.sample("c", jax.tree.unflatten(c_tree, c_params))
+    sigma = numpyro.sample("sigma", jax.tree.unflatten(sigma_tree, sigma_params))
+    tree = numpyro.sample("tree", DiffusionTree(c, X.shape[0]))
+    numpyro.sample("X", BrownianLeaves(tree, sigma, noise), obs=X)
 
 
 def _collect(state) -> dict:
@@ -133,11 +144,19 @@ def fit_ddt(
     Xj = jnp.asarray(Xn, jnp.result_type(float))
     num_chains, num_samples = int(num_chains), int(num_samples)
 
-    def model(X):
-        c = numpyro.sample("c", c_prior)
-        sigma = numpyro.sample("sigma", sigma_prior)
-        tree = numpyro.sample("tree", DiffusionTree(c, X.shape[0]))
-        numpyro.sample("X", BrownianLeaves(tree, sigma, noise), obs=X)
+    # the priors' parameters and the noise are arguments of the compiled program, their
+    # structure is its cache key: a second fit with the same settings compiles nothing
+    c_leaves, c_tree = jax.tree.flatten(c_prior)
+    s_leaves, s_tree = jax.tree.flatten(sigma_prior)
+    model = functools.partial(_ddt_model, c_tree=c_tree, sigma_tree=s_tree)
+    args = (Xj, [jnp.asarray(v, Xj.dtype) for v in c_leaves],
+            [jnp.asarray(v, Xj.dtype) for v in s_leaves], jnp.asarray(noise, Xj.dtype))
+    try:
+        cache_key = ("fit_ddt", population, num_chains, int(subset_size), float(temperature),
+                     c_tree, s_tree)
+        hash(cache_key)
+    except TypeError:  # a prior whose structure is not hashable: compile afresh
+        cache_key = None
 
     def make_kernel(capacity):  # no cluster capacity: capacity is None
         if population:
@@ -154,11 +173,11 @@ def fit_ddt(
         init_params = {"tree": tree0}
     auto_enable()  # the persistent compilation cache (jaxbnp._cache)
     result = run(
-        make_kernel, jax.random.key(0) if key is None else key, (Xj,),
+        make_kernel, jax.random.key(0) if key is None else key, args,
         num_warmup=num_samples // 2 if num_warmup is None else int(num_warmup),
         num_samples=num_samples, num_chains=num_chains, collect=_collect, init_params=init_params,
         progress_bar=progress_bar, description="ddt", heartbeat=heartbeat,
-        cache_key=None,  # the model closes over the priors and the noise: compile afresh
+        cache_key=cache_key,
     )
     samples = result.samples["z"]
     lj = np.asarray(result.samples["log_joint"]).reshape(num_chains, -1)
