@@ -25,6 +25,14 @@ there is a device per chain, else ``"threads"`` on a CPU with several cores, els
 ``"vectorized"``, for kernels that declare ``chains_in_threads`` (the partition
 kernels and BHMC's); others run ``"vectorized"``. All give the same draws.
 
+``"threads"`` runs the groups side by side only when their compiled program calls no
+library kernel (an XLA custom call, such as LAPACK's Cholesky or triangular solve):
+jaxlib's CPU kernels of that kind split a batch over XLA's intra-op thread pool and
+wait for the pieces inside a pool thread, so two programs each holding a thread of a
+two-thread pool both wait for ever (seen: ``DirichletProcessMixture`` with two chains
+and a ``NormalWishart`` family hung in ``TriMatrixEquationSolver`` on a 2-core CPU).
+Such programs run their groups one after another from the calling thread.
+
 The estimators (:class:`~jaxbnp.estimators.DirichletProcessMixture`), the
 ``jaxbnp`` command line and the ``fit_*`` functions all sample through it and
 get a :class:`RunResult`.
@@ -343,6 +351,16 @@ def run(
     return RunResult(_joined(saved, samples), state, capacity, seconds)
 
 
+def calls_library_kernels(compiled) -> bool:
+    """Whether a compiled program calls a library kernel (an XLA custom call: LAPACK's on a
+    CPU), read off its optimised HLO."""
+    try:
+        text = compiled.as_text()
+    except Exception:  # no text: assume the worst
+        return True
+    return text is None or "custom-call(" in text or "custom_call_target" in text
+
+
 class _Threaded:
     """``chain_method="threads"``: the chains cut into one contiguous group per core, each
     group run by its own vectorized programs from a thread (module docstring). ``start``
@@ -361,18 +379,24 @@ class _Threaded:
         self.kernel, self._start, _, self._advance = _programs(
             make_kernel, capacity, cache_key, collect, compiler_options, settings)
 
-    def _map(self, fn, per_group):
-        with ThreadPoolExecutor(len(self.groups)) as pool:
-            return list(pool.map(lambda arg: jax.block_until_ready(fn(arg)), per_group))
+    @staticmethod
+    def _map(compiled, fn, per_group):
+        program, side_by_side = compiled
+        if not side_by_side:  # library kernels inside: one group after another (class docstring)
+            return [jax.block_until_ready(fn(program, arg)) for arg in per_group]
+        with ThreadPoolExecutor(len(per_group)) as pool:
+            return list(pool.map(lambda arg: jax.block_until_ready(fn(program, arg)), per_group))
 
     @staticmethod
     def _compiled(program, args):
-        # traced and compiled in the calling thread (tracing sets the kernel up: not
-        # thread-safe), once per process for each program and argument shapes
+        """``(compiled program, whether groups may run it side by side)``: traced and
+        compiled in the calling thread (tracing sets the kernel up: not thread-safe), once
+        per process for each program and argument shapes."""
         leaves, treedef = jax.tree.flatten(args)
         sig = (program, treedef, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves))
         if sig not in _COMPILED:
-            _COMPILED[sig] = program.lower(*args).compile()
+            compiled = program.lower(*args).compile()
+            _COMPILED[sig] = (compiled, not calls_library_kernels(compiled))
             while len(_COMPILED) > 4 * _MAX_PROGRAMS:
                 _COMPILED.popitem(last=False)
         _COMPILED.move_to_end(sig)
@@ -394,12 +418,13 @@ class _Threaded:
     def start(self, keys, init_params, model_args, model_kwargs):
         args = [(self._part(keys, a, b), self._part(init_params, a, b), model_args, model_kwargs)
                 for a, b in self.groups]
-        fn = self._compiled(self._start, args[0])
-        return self._map(lambda arg: fn(*arg), args)
+        compiled = self._compiled(self._start, args[0])
+        return self._map(compiled, lambda fn, arg: fn(*arg), args)
 
     def advance(self, carries, first, count, model_args, model_kwargs):
-        fn = self._compiled(self._advance, (carries[0], first, count, model_args, model_kwargs))
-        return self._map(lambda c: fn(c, first, count, model_args, model_kwargs), carries)
+        compiled = self._compiled(self._advance, (carries[0], first, count, model_args, model_kwargs))
+        return self._map(compiled, lambda fn, c: fn(c, first, count, model_args, model_kwargs),
+                         carries)
 
     def join(self, carries):
         """The carry of all the chains (padding dropped), laid out as ``"vectorized"``'s."""
