@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.special as _scipy_special
@@ -57,6 +58,58 @@ def cholesky_pivots(a):
             lower[i][j] = t / root
         lower[j][j] = root
     return jnp.stack(pivots, axis=-1)
+
+
+def cholesky(a):
+    """Lower Cholesky factors of symmetric positive-definite matrices (batched ``(..., d, d)``).
+
+    ``d ≤ UNROLLED_CHOLESKY_MAX_DIM``: the recursion of :func:`cholesky_pivots` in elementwise
+    array ops (no library call: about a µs inside a compiled loop, where LAPACK's ``potrf``
+    costs tens, and nothing that waits on XLA's thread pool, see
+    ``jaxbnp.inference.runner``); larger: ``jnp.linalg.cholesky``. Not positive definite:
+    NaN entries, as LAPACK's gives.
+    """
+    d = a.shape[-1]
+    if d > UNROLLED_CHOLESKY_MAX_DIM:
+        return jnp.linalg.cholesky(a)
+    zero = jnp.zeros(a.shape[:-2], a.dtype)
+    lower = [[zero] * d for _ in range(d)]
+    for j in range(d):
+        pivot = a[..., j, j]
+        for k in range(j):
+            pivot = pivot - lower[j][k] * lower[j][k]
+        root = jnp.sqrt(jnp.where(pivot > 0, pivot, jnp.nan))
+        lower[j][j] = root
+        for i in range(j + 1, d):
+            t = a[..., i, j]
+            for k in range(j):
+                t = t - lower[i][k] * lower[j][k]
+            lower[i][j] = t / root
+    return jnp.stack([jnp.stack(row, axis=-1) for row in lower], axis=-2)
+
+
+def solve_triangular(t, b, lower: bool):
+    """``t⁻¹ b`` for triangular ``t`` ``(..., d, d)`` and ``b`` ``(..., d, k)``: substitution
+    written out for ``d ≤ UNROLLED_CHOLESKY_MAX_DIM`` (no library call, as :func:`cholesky`),
+    ``jax.scipy.linalg.solve_triangular`` above. A vector ``b`` ``(..., d)`` is one column."""
+    if b.ndim == t.ndim - 1:
+        return solve_triangular(t, b[..., None], lower)[..., 0]
+    d = t.shape[-1]
+    if d > UNROLLED_CHOLESKY_MAX_DIM:
+        return jax.scipy.linalg.solve_triangular(t, b, lower=lower)
+    rows = [None] * d
+    for i in (range(d) if lower else range(d - 1, -1, -1)):
+        r = b[..., i, :]
+        for j in (range(i) if lower else range(i + 1, d)):
+            r = r - t[..., i, j, None] * rows[j]
+        rows[i] = r / t[..., i, i, None]
+    return jnp.stack(rows, axis=-2)
+
+
+def cho_solve(chol, b):
+    """``a⁻¹ b`` from the lower Cholesky factor ``chol`` of ``a`` (:func:`solve_triangular` twice)."""
+    y = solve_triangular(chol, b, lower=True)
+    return solve_triangular(jnp.swapaxes(chol, -1, -2), y, lower=False)
 
 
 def _jax_logdet_pd(a):

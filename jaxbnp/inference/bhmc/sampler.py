@@ -86,12 +86,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import logsumexp
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
 from ..._cache import auto_enable
+from ..._math import cho_solve, cholesky, solve_triangular
 from ..._programs import call_cached
 from ..._random import log_beta_pair, log_dirichlet, typed_key
 from ..._validation import check_data, check_int
@@ -824,11 +824,11 @@ def _predictive_logpdf(x, n, total, model: BHMCModel):
     """``log p(x | the n points with sum total)`` of one component, its mean integrated out:
     ``N(x; m_n, Σ + Λ_n⁻¹)`` with ``Λ_n = Σ0⁻¹ + n Σ⁻¹``, ``m_n = Λ_n⁻¹(Σ0⁻¹μ0 + Σ⁻¹ total)``."""
     prec = model.prec0 + n * model.prec_sigma
-    chol_prec = jnp.linalg.cholesky(prec)
-    mean = jax.scipy.linalg.cho_solve((chol_prec, True), model.prec0_mu0 + model.prec_sigma @ total)
+    chol_prec = cholesky(prec)
+    mean = cho_solve(chol_prec, model.prec0_mu0 + model.prec_sigma @ total)
     eye = jnp.eye(x.shape[0], dtype=x.dtype)
-    cov = model.chol_sigma @ model.chol_sigma.T + jax.scipy.linalg.cho_solve((chol_prec, True), eye)
-    return _mvn_logpdf(x[None, :], mean, jnp.linalg.cholesky(cov))[0]
+    cov = model.chol_sigma @ model.chol_sigma.T + cho_solve(chol_prec, eye)
+    return _mvn_logpdf(x[None, :], mean, cholesky(cov))[0]
 
 
 def split_merge_log_ratio(state: BHMCState, X, model: BHMCModel, i, j, k, log_u, rank, log_unif, in_b):
@@ -1142,9 +1142,9 @@ def update_theta(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig)
 
     def one(nk_k, sum_k, z):
         prec = model.prec0 + nk_k * model.prec_sigma
-        chol = jnp.linalg.cholesky(prec)
+        chol = cholesky(prec)
         rhs = model.prec0_mu0 + model.prec_sigma @ sum_k
-        mean = jax.scipy.linalg.cho_solve((chol, True), rhs)
+        mean = cho_solve(chol, rhs)
         return mean + solve_triangular(chol.T, z, lower=False)
 
     z = jax.random.normal(key, state.theta.shape, ftype)
