@@ -27,24 +27,27 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _defaults as defaults
+
 __all__ = ["main"]
 
 METHODS = ("splitmerge", "gibbs", "tgmcmc", "subcluster", "mapdp", "ddt", "bhmc")
-DEFAULT_METHOD = "splitmerge"
+DEFAULT_METHOD = defaults.METHOD
 
 #: each method's defaults for the options left unset (chosen so that every method runs on
 #: the embedded 1,300 points in well under a minute on a 2-core CPU, compilation included)
 METHOD_DEFAULTS = {
-    "splitmerge": dict(chains=2, warmup=50, samples=100, capacity=32, split_merge_moves=5),
-    "gibbs": dict(chains=2, warmup=100, samples=200, capacity=32),
-    "tgmcmc": dict(chains=2, warmup=30, samples=70, capacity=32),
-    "subcluster": dict(chains=2, warmup=50, samples=100, capacity=32),
+    **{m: dict(chains=defaults.NUM_CHAINS, warmup=defaults.ITERATIONS[m][0],
+               samples=defaults.ITERATIONS[m][1], capacity=32) for m in defaults.ITERATIONS},
     "mapdp": dict(chains=1, family=None),
     "ddt": dict(chains=4, warmup=20, samples=40, max_points=2000),
     "bhmc": dict(chains=2, warmup=40, samples=60, max_points=0),
 }
+METHOD_DEFAULTS["splitmerge"]["split_merge_moves"] = defaults.KERNEL_OPTIONS["splitmerge"]["num_split_merge"]
+for _m, _init in defaults.INIT.items():
+    METHOD_DEFAULTS[_m]["init"] = "kmeans" if _init == "kmeans++" else _init
 _GENERIC_DEFAULTS = dict(chains=2, warmup=100, samples=200, capacity=32, split_merge_moves=10,
-                         max_points=0, family="normal-wishart")
+                         max_points=0, family="normal-wishart", init="kmeans")
 
 
 def _load(path: str | None, labels_path: str | None):
@@ -126,7 +129,7 @@ KERNELS = {
 }
 
 #: the methods that start from a k-means++ partition with ``--init kmeans`` (the default)
-KMEANS_START = ("gibbs", "splitmerge", "subcluster")
+KMEANS_START = defaults.KMEANS_START
 
 #: what the command line keeps of a state: the labels and two traces (NumPyro's extra fields)
 EXTRA_FIELDS = ("log_joint", "num_clusters")
@@ -482,19 +485,8 @@ def _initial_partition(args, X: np.ndarray, family=None):
         return {"z": np.tile(z, (args.chains, 1)) if args.chains > 1 else z}
     if args.method not in KMEANS_START or args.init != "kmeans":
         return None
-    import jax
-    import jax.numpy as jnp
-
-    from .inference.partition.mapdp import kmeanspp_labels
-
-    k = min(args.init_clusters, len(X))
-    sd = X.std(axis=0)
-    Xs = jnp.asarray(X / np.where(sd > 0, sd, 1.0))
-    labels = jax.jit(kmeanspp_labels, static_argnums=2)
-    key = jax.random.fold_in(jax.random.key(args.seed), 1)  # not the sampler's own key
-    z = np.stack([np.asarray(labels(jax.random.fold_in(key, c), Xs, k)) for c in range(args.chains)])
-    z = z.astype(np.int32)
-    return {"z": z if args.chains > 1 else z[0]}
+    z = defaults.kmeans_starts(X, args.seed, args.init_clusters, args.chains)
+    return {"z": z}
 
 
 def _ibhc_start(X: np.ndarray, alpha: float, family) -> np.ndarray:
@@ -695,11 +687,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--depth", type=int, default=2,
                    help="--method tgmcmc local moves resample n/2^DEPTH points per iteration; "
                    "--method bhmc: the tree depth L (default 2)")
-    c.add_argument("--init", choices=["kmeans", "one"], default="kmeans",
+    c.add_argument("--init", choices=["kmeans", "one"], default=None,
                    help="gibbs, splitmerge and subcluster: start each chain from its own k-means++ "
-                   "partition into --init-clusters clusters (default), or from one cluster")
-    c.add_argument("--init-clusters", type=int, default=20,
-                   help="clusters of the k-means++ start (default 20; more than you expect: the "
+                   "partition into --init-clusters clusters (default for gibbs and splitmerge), "
+                   "or from one cluster (default for subcluster)")
+    c.add_argument("--init-clusters", type=int, default=defaults.INIT_CLUSTERS,
+                   help=f"clusters of the k-means++ start (default {defaults.INIT_CLUSTERS}; more than you expect: the "
                    "sampler merges more easily than it splits)")
     c.add_argument("--tgmcmc-init", choices=["ibhc", "noisy"], default="ibhc",
                    help="--method tgmcmc initial partition: IBHC or the paper's noisy trees (default ibhc)")

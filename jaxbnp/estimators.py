@@ -39,6 +39,7 @@ from sklearn.base import BaseEstimator, ClusterMixin, DensityMixin
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from . import _defaults as defaults
 from ._cache import auto_enable
 from ._progress import bar as _progress_bar
 from ._progress import resolve as _resolve_progress
@@ -518,8 +519,14 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
     minimising the posterior expected variation of information (or Binder's
     loss) over the draws (:func:`jaxbnp.metrics.point_estimate`).
 
-    :param method: ``"gibbs"`` (collapsed Gibbs, ``bnp.CollapsedGibbs``),
-        ``"splitmerge"`` (Jain-Neal split-merge + Gibbs, ``bnp.SplitMerge``),
+    The defaults are the command line's (``jaxbnp cluster``; one table,
+    ``jaxbnp._defaults``): split-merge MCMC with five moves and a Gibbs sweep per
+    iteration, two chains of 50 warm-up iterations and 100 draws, each started from its
+    own k-means++ partition into 20 clusters (sub-cluster MCMC: from one cluster).
+
+    :param method: ``"splitmerge"`` (default: Jain-Neal split-merge + Gibbs,
+        ``bnp.SplitMerge``, with ``num_split_merge=5``), ``"gibbs"`` (collapsed Gibbs,
+        ``bnp.CollapsedGibbs``),
         ``"tgmcmc"`` (tree-guided MCMC, ``bnp.TreeGuidedMCMC``; DP or NGGP),
         ``"subcluster"`` (sub-cluster split/merge MCMC, ``bnp.SubClusterMCMC``: every step
         a computation over all points at once, for large ``n`` and GPUs; DP or Pitman-Yor) or
@@ -532,8 +539,10 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         at least 2 points and a non-singular sample covariance); with
         ``method="mapdp"`` it means :class:`MAPDP`'s default prior.
     :param num_chains: independent chains, run vectorized in one program.
-    :param num_warmup: iterations discarded per chain.
-    :param num_samples: draws kept per chain.
+    :param num_warmup: iterations discarded per chain; ``None``: the method's default
+        (splitmerge 50, gibbs 100, tgmcmc 30, subcluster 50).
+    :param num_samples: draws kept per chain; ``None``: the method's default (splitmerge
+        100, gibbs 200, tgmcmc 70, subcluster 100).
     :param thinning: keep every ``thinning``-th post-warm-up iteration (the
         last of each block of ``thinning``, as NumPyro does;
         ``num_samples * thinning`` iterations are run after warm-up).
@@ -546,16 +555,25 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         ``METHOD_OPTIONS``), e.g. ``{"num_split_merge": 5}`` or, for MAP-DP,
         ``{"init": "one", "n_restarts": 4}``; ``"subcluster"`` takes
         ``num_launch_sweeps``, ``sharpness``, ``init_strategy``, ``chain_batching`` and
-        ``mesh`` (a ``jax.sharding.Mesh`` whose first axis shards the points). Gibbs and
-        split-merge start from a draw of the partition prior (``init_strategy="prior"``;
-        the kernels' default, one cluster, can stay stuck for a long time on
-        well-separated groups); sub-cluster MCMC starts from one cluster (its
-        default), which its split proposals leave in a few iterations.
+        ``mesh`` (a ``jax.sharding.Mesh`` whose first axis shards the points). An
+        ``init_strategy`` given here replaces ``init``. Split-merge's
+        ``num_split_merge`` defaults to 5.
     :param random_state: integer seed of the ``jax.random.key``; ``None``
         means 0. The same seed gives the same draws.
     :param progress_bar: show a tqdm bar of the iterations; ``None`` (auto)
         shows it when standard error is a terminal and ``CI`` is unset
         (``jaxbnp._progress``). The draws are the same with or without it.
+    :param init: where the chains of ``"gibbs"``, ``"splitmerge"`` and ``"subcluster"``
+        start: ``"kmeans++"`` (each chain from its own k-means++ partition into
+        ``init_clusters`` clusters in standardised coordinates, an over-segmentation
+        the sampler merges), ``"prior"`` (a draw of the partition prior) or ``"one"``
+        (one cluster, the kernels' own default, which single-point moves can take long to
+        leave on well-separated groups); ``None`` (default): ``"kmeans++"`` for gibbs and
+        splitmerge, ``"one"`` for subcluster (whose split proposals leave it at once, while
+        its merges rarely join the pieces of a group that k-means++ cut). The start changes
+        only the burn-in, not the posterior. ``"tgmcmc"`` and ``"mapdp"`` have their own starts.
+    :param init_clusters: clusters of the k-means++ start (more than you expect: the
+        sampler merges more easily than it splits).
 
     Fitted attributes: ``labels_`` (``(n,)`` point estimate, ``0..K-1``),
     ``n_clusters_``, ``posterior_samples_`` (dict of draws grouped by chain:
@@ -577,8 +595,10 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
 
     The label draws equal those of ``numpyro.infer.MCMC(kernel, num_warmup=W,
     num_samples=S * thinning, thinning=thinning, num_chains=C,
-    chain_method="vectorized").run(jax.random.key(random_state), X)`` for the
-    kernel (with ``capacity`` and the ``method_options`` above) on the model
+    chain_method="vectorized").run(jax.random.key(random_state), X,
+    init_params={"z": starts})`` for the kernel (with ``capacity`` and the
+    ``method_options`` above; ``starts``: the k-means++ partitions, or no
+    ``init_params`` with another ``init``) on the model
     ``z ~ Partition(measure, n)``,
     ``X ~ ConjugateMixture(family, z)`` (with an ``AuxiliaryU`` site ``u`` for
     NGGP), with log joints equal up to the last bit (the data are an argument
@@ -603,18 +623,20 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
 
     def __init__(
         self,
-        method: str = "gibbs",
+        method: str = defaults.METHOD,
         measure: Measure | None = None,
         family: Family | None = None,
-        num_chains: int = 1,
-        num_warmup: int = 100,
-        num_samples: int = 200,
+        num_chains: int = defaults.NUM_CHAINS,
+        num_warmup: int | None = None,
+        num_samples: int | None = None,
         thinning: int = 1,
         capacity: int | None = None,
         point_estimate: str = "vi",
         method_options: dict | None = None,
         random_state: int | None = None,
         progress_bar: bool | None = None,
+        init: str | None = None,
+        init_clusters: int = defaults.INIT_CLUSTERS,
     ):
         self.method = method
         self.measure = measure
@@ -628,6 +650,8 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         self.method_options = method_options
         self.random_state = random_state
         self.progress_bar = progress_bar
+        self.init = init
+        self.init_clusters = init_clusters
 
     # -- validation ------------------------------------------------------------------------
     def _check_params(self):
@@ -660,9 +684,15 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
                 f"bnp.DirichletMultinomial, bnp.BetaBernoulli) or None, got {self.family!r}."
             )
         check_int("num_chains", self.num_chains, 1)
-        check_int("num_warmup", self.num_warmup, 0)
-        check_int("num_samples", self.num_samples, 1)
+        if self.num_warmup is not None:
+            check_int("num_warmup", self.num_warmup, 0)
+        if self.num_samples is not None:
+            check_int("num_samples", self.num_samples, 1)
         check_int("thinning", self.thinning, 1)
+        if self.init is not None and (not isinstance(self.init, str)
+                                      or self.init not in ("kmeans++", "prior", "one")):
+            raise ValueError(f"init must be 'kmeans++', 'prior', 'one' or None, got {self.init!r}.")
+        check_int("init_clusters", self.init_clusters, 1)
         if self.capacity is not None:
             check_int("capacity", self.capacity, 1)
         if not isinstance(self.point_estimate, str) or self.point_estimate not in ("vi", "binder"):
@@ -707,21 +737,31 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         family = self.family if self.family is not None else NormalWishart.from_data(X)
         X = check_data(X, family=family)
 
-        if self.method in ("gibbs", "splitmerge"):
-            # from one cluster, single-point moves rarely split well-separated groups
-            options.setdefault("init_strategy", "prior")
+        for name, value in defaults.KERNEL_OPTIONS.get(self.method, {}).items():
+            options.setdefault(name, value)
+        init_params = None
+        init = defaults.INIT.get(self.method) if self.init is None else self.init
+        if self.method in defaults.KMEANS_START and "init_strategy" not in options:
+            if init == "kmeans++":
+                init_params = {"z": defaults.kmeans_starts(X, seed, self.init_clusters,
+                                                           int(self.num_chains))}
+            elif init == "prior":
+                options["init_strategy"] = "prior"
         Xj = jnp.asarray(X, dtype=jnp.result_type(float))
         if self.capacity is not None:
             capacity = int(self.capacity)
         else:
             capacity = min(n, SUBCLUSTER_DEFAULT_CAPACITY if self.method == "subcluster" else 128)
+        if init_params is not None:  # room for the start's clusters and 12 free slots
+            capacity = max(capacity, min(int(np.max(init_params["z"])) + 13, n))
+        num_warmup, num_samples = self._iterations()
         options_key = tuple(sorted(options.items()))
         result = run(
             _make_kernel(self.method, options_key), jax.random.key(seed), (Xj, measure, family),
-            num_warmup=int(self.num_warmup), num_samples=int(self.num_samples),
+            num_warmup=num_warmup, num_samples=num_samples,
             num_chains=int(self.num_chains), thinning=int(self.thinning), collect=_collect,
-            capacity=capacity, max_capacity=n, progress_bar=self.progress_bar,
-            description=self.method,
+            init_params=init_params, capacity=capacity, max_capacity=n,
+            progress_bar=self.progress_bar, description=self.method,
             # tgMCMC's host trees are keyed by a run id fixed when the program is traced
             cache_key=None if self.method == "tgmcmc" else ("dpm", self.method, options_key),
         )
@@ -741,6 +781,13 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         u = samples["u"].reshape(-1) if "u" in samples else np.ones(flat.shape[0])
         self._predictive = _predictive_tables(Xj, flat, measure, family, u, self.labels_)
         return self
+
+    def _iterations(self) -> tuple[int, int]:
+        """``(num_warmup, num_samples)``: the ones given, else the method's defaults
+        (``jaxbnp._defaults.ITERATIONS``, the command line's)."""
+        warmup, samples = defaults.ITERATIONS.get(self.method, (0, 1))
+        return (int(warmup if self.num_warmup is None else self.num_warmup),
+                int(samples if self.num_samples is None else self.num_samples))
 
     def _fit_mapdp(self, X, measure, family, options, seed):
         alpha = float(np.asarray(measure.alpha))

@@ -211,6 +211,7 @@ def test_helpers_start_silhouette_nearest_labels():
     X = np.r_[rng.normal(-5, 1, (20, 3)), rng.normal(5, 1, (25, 3)), rng.normal([5, -5, 0], 1, (15, 3))]
     labels = np.repeat([0, 1, 2], [20, 25, 15])
     args = cli.build_parser().parse_args(["cluster", "--method", "gibbs", "--chains", "2", "--init-clusters", "3"])
+    cli._apply_method_defaults(args)  # as main() does: gibbs starts from k-means++
     start = cli._initial_partition(args, X)["z"]  # one k-means++ start per chain
     assert start.shape == (2, 60) and start.dtype == np.int32
     for z in start:

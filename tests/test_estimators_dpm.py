@@ -43,7 +43,7 @@ def test_fit_recovers_the_blobs_and_sets_attributes(fitted):
     assert adjusted_rand_score(y, dpm.labels_) == 1.0
     assert dpm.n_clusters_ == 3 and dpm.labels_.dtype == np.int64
     post = dpm.posterior_samples_
-    assert post["labels"].shape == (1, 10, 50) and post["log_joint"].shape == (1, 10)
+    assert post["labels"].shape == (2, 10, 50) and post["log_joint"].shape == (2, 10)
     np.testing.assert_array_equal(post["num_clusters"], metrics.count_clusters(post["labels"]))
     np.testing.assert_array_equal(dpm.labels_, metrics.point_estimate(post["labels"]))
     assert dpm.n_features_in_ == 2 and dpm.capacity_ == 50
@@ -69,7 +69,7 @@ def test_progress_bar_reports_without_changing_the_draws(fitted, capsys, monkeyp
     X, _, dpm = fitted
     shown = DirichletProcessMixture(**SETTINGS, progress_bar=True).fit(X)
     err = capsys.readouterr().err
-    assert "gibbs (capacity 50)" in err and "/20" in err, err
+    assert "splitmerge (capacity 50)" in err and "/20" in err, err
     for key in ("labels", "log_joint", "num_clusters"):
         np.testing.assert_array_equal(shown.posterior_samples_[key], dpm.posterior_samples_[key])
     # auto: quiet when CI is set or standard error is not a terminal (as under pytest)
@@ -83,7 +83,7 @@ def test_progress_bar_reports_without_changing_the_draws(fitted, capsys, monkeyp
     monkeypatch.setenv("JAXBNP_PROGRESS", "1")
     assert resolve(None) is True
     DirichletProcessMixture(**SETTINGS, progress_bar=None).fit(X)  # compiled runners reused
-    assert "gibbs" in capsys.readouterr().err
+    assert "splitmerge" in capsys.readouterr().err
     monkeypatch.setenv("JAXBNP_PROGRESS", "0")
     DirichletProcessMixture(**SETTINGS).fit(X)
     assert capsys.readouterr().err == ""
@@ -159,7 +159,8 @@ def test_predict_predict_proba_score(fitted):
         ({"thinning": True}, None, ValueError, "thinning"),
         ({"capacity": 0}, None, ValueError, "capacity"),
         ({"point_estimate": "map"}, None, ValueError, "point_estimate"),
-        ({"method_options": {"num_split_merge": 2}}, None, ValueError, "not options of method='gibbs'"),
+        ({"method": "gibbs", "method_options": {"num_split_merge": 2}}, None, ValueError,
+         "not options of method='gibbs'"),
         ({"method": "mapdp", "measure": bnp.NGGP(1.0, 0.5)}, None, ValueError, "DP and PitmanYor"),
         ({"method": "tgmcmc", "measure": bnp.PitmanYor(1.0, 0.2)}, None, ValueError, "DP and NGGP"),
         ({"random_state": "seed"}, None, ValueError, "random_state"),
@@ -167,6 +168,9 @@ def test_predict_predict_proba_score(fitted):
         ({}, np.array([[0.0, np.nan], [1.0, 2.0]]), ValueError, "contains (NaN|infinity)"),
         ({}, np.array([[0.0, np.inf], [1.0, 2.0]]), ValueError, "contains (NaN|infinity)"),
         ({}, np.zeros(5), ValueError, "Reshape your data"),
+        ({"init": "kmeans"}, None, ValueError, "init must be 'kmeans\\+\\+', 'prior', 'one' or None"),
+        ({"init_clusters": 0}, None, ValueError, "init_clusters must be"),
+        ({"num_warmup": -1}, None, ValueError, "num_warmup must be"),
         ({}, np.zeros((0, 2)), ValueError, "0 sample"),
         ({}, np.zeros((4, 0)), ValueError, "0 feature"),
         ({}, np.ones((1, 2)), ValueError, "1 sample"),

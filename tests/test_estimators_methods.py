@@ -17,20 +17,34 @@ from numpyro.infer import MCMC
 from sklearn.metrics import adjusted_rand_score
 
 import jaxbnp as bnp
+from jaxbnp import _defaults as defaults
 from jaxbnp.estimators import MAPDP, DirichletProcessMixture, SingleClusterWarning
 from jaxbnp.models.distributions import mixture_model
 from tests.test_estimators_dpm import _blobs
 
 
-def test_draws_equal_numpyro_mcmc_with_the_same_key_two_chains_thinned():
+@pytest.mark.parametrize("settings", ["defaults", "gibbs-prior-start"])
+def test_draws_equal_numpyro_mcmc_with_the_same_key_two_chains_thinned(settings):
+    """The defaults (split-merge with five moves, two chains, each from its own k-means++
+    start) and collapsed Gibbs from a prior draw: the draws of NumPyro's ``MCMC`` with the
+    same kernel, key and starts."""
     X, _ = _blobs(12)
     family = bnp.NormalGamma(0.0, 0.2, 2.0, 1.0)
-    dpm = DirichletProcessMixture(family=family, num_warmup=3, num_samples=3, thinning=2,
-                                  num_chains=2, random_state=7).fit(X)
     model = functools.partial(mixture_model, measure=bnp.DP(1.0), family=family)
-    mcmc = MCMC(bnp.CollapsedGibbs(model, init_strategy="prior"), num_warmup=3, num_samples=6,
+    common = dict(family=family, num_warmup=3, num_samples=3, thinning=2, random_state=7)
+    init_params = None
+    if settings == "defaults":
+        dpm = DirichletProcessMixture(**common).fit(X)
+        kernel = bnp.SplitMerge(model, num_split_merge=5)
+        init_params = {"z": defaults.kmeans_starts(X, 7, defaults.INIT_CLUSTERS, 2)}
+        assert init_params["z"].shape == (2, 12) and len(np.unique(init_params["z"][0])) > 3
+    else:
+        dpm = DirichletProcessMixture(method="gibbs", init="prior", num_chains=2, **common).fit(X)
+        kernel = bnp.CollapsedGibbs(model, init_strategy="prior")
+    mcmc = MCMC(kernel, num_warmup=3, num_samples=6,
                 thinning=2, num_chains=2, chain_method="vectorized", progress_bar=False)
-    mcmc.run(jax.random.key(7), jnp.asarray(X), extra_fields=("log_joint", "num_clusters"))
+    mcmc.run(jax.random.key(7), jnp.asarray(X), extra_fields=("log_joint", "num_clusters"),
+             init_params=init_params)
     extra = mcmc.get_extra_fields(group_by_chain=True)
     post = dpm.posterior_samples_
     assert post["labels"].shape == (2, 3, 12)
@@ -39,6 +53,28 @@ def test_draws_equal_numpyro_mcmc_with_the_same_key_two_chains_thinned():
     # the data are an argument of the estimator's compiled program and constants of NumPyro's:
     # XLA may round the log joint differently in the last bit
     np.testing.assert_allclose(post["log_joint"], extra["log_joint"], rtol=1e-13)
+
+
+def test_the_estimator_and_the_command_line_share_their_defaults():
+    """One table (``jaxbnp._defaults``): the method, chains, run length, split-merge moves
+    and k-means++ start of ``DirichletProcessMixture()`` are ``jaxbnp cluster``'s."""
+    from jaxbnp import cli
+
+    args = cli.build_parser().parse_args(["cluster"])
+    cli._apply_method_defaults(args)
+    dpm = DirichletProcessMixture()
+    assert dpm.method == args.method == defaults.METHOD == "splitmerge"
+    assert dpm.num_chains == args.chains == 2
+    assert dpm._iterations() == (args.warmup, args.samples) == (50, 100)
+    assert defaults.KERNEL_OPTIONS["splitmerge"]["num_split_merge"] == args.split_merge_moves == 5
+    assert dpm.init is None and defaults.INIT["splitmerge"] == "kmeans++" and args.init == "kmeans"
+    assert dpm.init_clusters == args.init_clusters == defaults.INIT_CLUSTERS
+    for method in ("gibbs", "subcluster", "tgmcmc"):
+        args = cli.build_parser().parse_args(["cluster", "--method", method])
+        cli._apply_method_defaults(args)
+        assert DirichletProcessMixture(method=method)._iterations() == (args.warmup, args.samples)
+        if method in defaults.INIT:
+            assert args.init == {"kmeans++": "kmeans", "one": "one"}[defaults.INIT[method]]
 
 
 @pytest.mark.parametrize("method, measure, options", [
@@ -51,9 +87,9 @@ def test_other_samplers_find_the_blobs(method, measure, options):
                                   num_warmup=20, num_samples=10, random_state=1).fit(X)
     assert adjusted_rand_score(y, dpm.labels_) == 1.0
     post = dpm.posterior_samples_
-    assert post["labels"].shape == (1, 10, 24)
+    assert post["labels"].shape == (2, 10, 24)  # two chains by default
     if measure.has_auxiliary:
-        assert post["u"].shape == (1, 10) and np.all(post["u"] > 0)
+        assert post["u"].shape == (2, 10) and np.all(post["u"] > 0)
     proba = dpm.predict_proba(X[:3])
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-12)
     np.testing.assert_array_equal(dpm.predict(X[:3]), dpm.labels_[:3])
@@ -68,14 +104,15 @@ def _four_blobs(n=200, seed=0):
 
 @pytest.mark.parametrize("measure", [bnp.DP(1.0), bnp.PitmanYor(1.0, 0.2)])
 def test_subcluster_default_settings_find_four_blobs(measure):
-    """method="subcluster" with every other setting at its default (one-cluster start, 64
-    slots, 3 launch sweeps, 100 + 200 iterations): the four groups, no more, no fewer."""
+    """method="subcluster" with every other setting at its default (two chains, each from
+    one cluster, 64 slots, 3 launch sweeps, 50 + 100 iterations): the four groups, no more,
+    no fewer."""
     X, y = _four_blobs()
     dpm = DirichletProcessMixture(method="subcluster", measure=measure, random_state=0).fit(X)
     assert dpm.n_clusters_ == 4 and adjusted_rand_score(y, dpm.labels_) == 1.0
     assert dpm.capacity_ == 64 and isinstance(dpm.measure_, type(measure))
     post = dpm.posterior_samples_
-    assert post["labels"].shape == (1, 200, 200) and "u" not in post
+    assert post["labels"].shape == (2, 100, 200) and "u" not in post
     np.testing.assert_array_equal(dpm.predict(X[:8]), dpm.labels_[:8])
 
 

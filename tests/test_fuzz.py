@@ -361,14 +361,17 @@ def test_mapdp_bad_options(name, value):
 @CHEAP
 @given(name=st.sampled_from(["num_chains", "num_warmup", "num_samples", "thinning", "capacity",
                              "random_state", "method", "point_estimate", "measure", "family",
-                             "method_options"]),
+                             "method_options", "init", "init_clusters"]),
        value=st.sampled_from(BAD_SCALARS + ["gibbs", {"bogus": 1}]))
 def test_dpm_bad_options(name, value):
     EXAMPLES["test_dpm_bad_options"] += 1
     X = np.random.default_rng(0).normal(size=(4, 2))
     is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    legal = {"num_chains": is_int and value >= 1, "num_warmup": is_int and value >= 0,
-             "num_samples": is_int and value >= 1, "thinning": is_int and value >= 1,
+    # num_warmup, num_samples, init: None is the method's default
+    legal = {"num_chains": is_int and value >= 1, "num_warmup": value is None or is_int and value >= 0,
+             "num_samples": value is None or is_int and value >= 1, "thinning": is_int and value >= 1,
+             "init": value is None or isinstance(value, str) and value in ("kmeans++", "prior", "one"),
+             "init_clusters": is_int and value >= 1,
              "capacity": value is None or is_int and value >= 1,
              "random_state": value is None or is_int,
              "method": isinstance(value, str) and value in ("gibbs", "splitmerge", "tgmcmc", "mapdp"),

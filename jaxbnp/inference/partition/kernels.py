@@ -306,7 +306,10 @@ class PartitionKernel(DiscreteSiteKernel):
         if not isinstance(X, jax.core.Tracer):
             check_data(X, name=f"observed site '{spec.observation_site}'", family=obs["fn"].family)
         if spec.partition_site in z0 and not isinstance(z0[spec.partition_site], jax.core.Tracer):
-            check_labels(np.asarray(z0[spec.partition_site]), spec.num_points, "init_params['z']")
+            labels = np.asarray(z0[spec.partition_site])
+            # NumPyro's vectorized chains pass every chain's start at once: (chains, n)
+            for row in (labels if labels.ndim == 2 and labels.shape[-1] == spec.num_points else [labels]):
+                check_labels(row, spec.num_points, "init_params['z']")
         fixed = {name: tr[name]["value"] for name in (spec.alpha_site, spec.sigma_site) if name}
         return spec, fixed
 
