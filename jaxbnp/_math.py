@@ -32,18 +32,13 @@ def _numpy_multigammaln(a, d: int):
 UNROLLED_CHOLESKY_MAX_DIM = 8
 
 
-def cholesky_pivots(a):
-    """Squared diagonal of the Cholesky factor of ``a`` (batched, ``d ≤ 8``), unrolled.
-
-    The Cholesky-Banachiewicz recursion written out in elementwise array ops:
-    for the small matrices of a conjugate family, one LAPACK ``potrf`` call
-    costs tens of µs on CPU inside a compiled loop (measured in tgMCMC's tree
-    builder), the unrolled form about a µs, and it fuses. ``log det a`` is the
-    sum of the logs of the pivots; a matrix that is not positive definite
-    gives a non-positive pivot, hence NaN (as the LAPACK call does).
-    """
+def _unrolled_cholesky(a):
+    """The Cholesky-Banachiewicz recursion written out in elementwise array ops (``d`` static):
+    ``(lower, pivots)``, the rows of the lower factor as lists of ``(...)`` arrays (zeros
+    above the diagonal) and the squared diagonal before its square root."""
     d = a.shape[-1]
-    lower = [[None] * d for _ in range(d)]
+    zero = jnp.zeros(a.shape[:-2], a.dtype)
+    lower = [[zero] * d for _ in range(d)]
     pivots = []
     for j in range(d):
         pivot = a[..., j, j]
@@ -57,35 +52,36 @@ def cholesky_pivots(a):
                 t = t - lower[i][k] * lower[j][k]
             lower[i][j] = t / root
         lower[j][j] = root
-    return jnp.stack(pivots, axis=-1)
+    return lower, pivots
+
+
+def cholesky_pivots(a):
+    """Squared diagonal of the Cholesky factor of ``a`` (batched, ``d ≤ 8``), unrolled.
+
+    The Cholesky-Banachiewicz recursion written out in elementwise array ops
+    (:func:`_unrolled_cholesky`): for the small matrices of a conjugate family, one LAPACK
+    ``potrf`` call costs tens of µs on CPU inside a compiled loop (measured in tgMCMC's tree
+    builder), the unrolled form about a µs, and it fuses. ``log det a`` is the
+    sum of the logs of the pivots; a matrix that is not positive definite
+    gives a non-positive pivot, hence NaN (as the LAPACK call does).
+    """
+    return jnp.stack(_unrolled_cholesky(a)[1], axis=-1)
 
 
 def cholesky(a):
     """Lower Cholesky factors of symmetric positive-definite matrices (batched ``(..., d, d)``).
 
-    ``d ≤ UNROLLED_CHOLESKY_MAX_DIM``: the recursion of :func:`cholesky_pivots` in elementwise
-    array ops (no library call: about a µs inside a compiled loop, where LAPACK's ``potrf``
-    costs tens, and nothing that waits on XLA's thread pool, see
-    ``jaxbnp.inference.runner``); larger: ``jnp.linalg.cholesky``. Not positive definite:
-    NaN entries, as LAPACK's gives.
+    ``d ≤ UNROLLED_CHOLESKY_MAX_DIM``: :func:`_unrolled_cholesky` (no library call: about a
+    µs inside a compiled loop, where LAPACK's ``potrf`` costs tens, and nothing that waits
+    on XLA's thread pool, see ``jaxbnp.inference.runner``); larger: ``jnp.linalg.cholesky``.
+    Not positive definite: NaN entries, as LAPACK's gives.
     """
-    d = a.shape[-1]
-    if d > UNROLLED_CHOLESKY_MAX_DIM:
+    if a.shape[-1] > UNROLLED_CHOLESKY_MAX_DIM:
         return jnp.linalg.cholesky(a)
-    zero = jnp.zeros(a.shape[:-2], a.dtype)
-    lower = [[zero] * d for _ in range(d)]
-    for j in range(d):
-        pivot = a[..., j, j]
-        for k in range(j):
-            pivot = pivot - lower[j][k] * lower[j][k]
-        root = jnp.sqrt(jnp.where(pivot > 0, pivot, jnp.nan))
-        lower[j][j] = root
-        for i in range(j + 1, d):
-            t = a[..., i, j]
-            for k in range(j):
-                t = t - lower[i][k] * lower[j][k]
-            lower[i][j] = t / root
-    return jnp.stack([jnp.stack(row, axis=-1) for row in lower], axis=-2)
+    lower, pivots = _unrolled_cholesky(a)
+    bad = jnp.any(jnp.stack(pivots, axis=-1) <= 0, axis=-1)[..., None, None]
+    L = jnp.stack([jnp.stack(row, axis=-1) for row in lower], axis=-2)
+    return jnp.where(bad, jnp.nan, L)
 
 
 def solve_triangular(t, b, lower: bool):
