@@ -20,7 +20,7 @@ import functools
 import numpy as np
 
 __all__ = ["METHOD", "NUM_CHAINS", "INIT_CLUSTERS", "ITERATIONS", "KERNEL_OPTIONS", "INIT",
-           "KMEANS_START", "kmeans_starts"]
+           "KMEANS_START", "FREE_SLOTS", "capacity_for_start", "kmeans_starts", "cli_defaults"]
 
 #: the default method
 METHOD = "splitmerge"
@@ -39,6 +39,15 @@ KERNEL_OPTIONS = {"splitmerge": {"num_split_merge": 5}, "gibbs": {}, "tgmcmc": {
 INIT = {"gibbs": "kmeans++", "splitmerge": "kmeans++", "subcluster": "one"}
 #: the methods that can start from k-means++ partitions
 KMEANS_START = tuple(INIT)
+#: free cluster slots beside a start's clusters (room to split into)
+FREE_SLOTS = 12
+
+
+def capacity_for_start(capacity: int, start_clusters: int, n: int) -> int:
+    """The cluster capacity of a run from a start with ``start_clusters`` clusters: at least
+    ``capacity``, and room for the start's clusters and :data:`FREE_SLOTS` free slots (at
+    most ``n``)."""
+    return max(int(capacity), min(int(start_clusters) + FREE_SLOTS, int(n)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,3 +76,14 @@ def kmeans_starts(X, seed: int, num_clusters: int, num_chains: int) -> np.ndarra
     z = np.stack([np.asarray(labels(jax.random.fold_in(key, c), Xs, k))
                   for c in range(int(num_chains))]).astype(np.int32)
     return z if num_chains > 1 else z[0]
+
+
+def cli_defaults(method: str) -> dict:
+    """The command line's defaults of an MCMC method (``jaxbnp cluster``'s option names):
+    chains, run length, split-merge moves and start."""
+    out = dict(chains=NUM_CHAINS, warmup=ITERATIONS[method][0], samples=ITERATIONS[method][1])
+    if "num_split_merge" in KERNEL_OPTIONS[method]:
+        out["split_merge_moves"] = KERNEL_OPTIONS[method]["num_split_merge"]
+    if method in INIT:
+        out["init"] = {"kmeans++": "kmeans"}.get(INIT[method], INIT[method])
+    return out

@@ -37,15 +37,11 @@ DEFAULT_METHOD = defaults.METHOD
 #: each method's defaults for the options left unset (chosen so that every method runs on
 #: the embedded 1,300 points in well under a minute on a 2-core CPU, compilation included)
 METHOD_DEFAULTS = {
-    **{m: dict(chains=defaults.NUM_CHAINS, warmup=defaults.ITERATIONS[m][0],
-               samples=defaults.ITERATIONS[m][1], capacity=32) for m in defaults.ITERATIONS},
+    **{m: dict(defaults.cli_defaults(m), capacity=32) for m in defaults.ITERATIONS},
     "mapdp": dict(chains=1, family=None),
     "ddt": dict(chains=4, warmup=20, samples=40, max_points=2000),
     "bhmc": dict(chains=2, warmup=40, samples=60, max_points=0),
 }
-METHOD_DEFAULTS["splitmerge"]["split_merge_moves"] = defaults.KERNEL_OPTIONS["splitmerge"]["num_split_merge"]
-for _m, _init in defaults.INIT.items():
-    METHOD_DEFAULTS[_m]["init"] = "kmeans" if _init == "kmeans++" else _init
 _GENERIC_DEFAULTS = dict(chains=2, warmup=100, samples=200, capacity=32, split_merge_moves=10,
                          max_points=0, family="normal-wishart", init="kmeans")
 
@@ -168,10 +164,10 @@ def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
     kernel_cls, options = PARTITION_KERNELS[args.method], KERNELS[args.method](args)
     capacity = args.capacity
     init_params = None if args.resume else _initial_partition(args, X, family)
-    if init_params is not None:  # room for the start's clusters and 12 free slots to split into
+    if init_params is not None:
         planned = (args.init_clusters if args.method in KMEANS_START
                    else int(np.max(init_params["z"])) + 1)
-        capacity = max(capacity, min(planned + 12, len(X)))
+        capacity = defaults.capacity_for_start(capacity, planned, len(X))
     checkpoint = Path(args.out) / "checkpoint.pkl"
     settings_file = Path(args.out) / "checkpoint_settings.json"
     settings = {k: getattr(args, k) for k in ("method", "family", "alpha", "chains", "seed")}

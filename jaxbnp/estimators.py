@@ -752,8 +752,8 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
             capacity = int(self.capacity)
         else:
             capacity = min(n, SUBCLUSTER_DEFAULT_CAPACITY if self.method == "subcluster" else 128)
-        if init_params is not None:  # room for the start's clusters and 12 free slots
-            capacity = max(capacity, min(int(np.max(init_params["z"])) + 13, n))
+        if init_params is not None:
+            capacity = defaults.capacity_for_start(capacity, int(np.max(init_params["z"])) + 1, n)
         num_warmup, num_samples = self._iterations()
         options_key = tuple(sorted(options.items()))
         result = run(
