@@ -100,8 +100,8 @@ def _load(path: str | None, labels_path: str | None):
 def _make_family(name: str, X: np.ndarray):
     from . import models
 
-    if name == "normal-wishart":
-        return models.NormalWishart.from_data(X)
+    if name == "normal-wishart":  # on standardised X (_cluster): DirichletProcessMixture()'s
+        return defaults.default_family(X)
     if name == "normal-gamma":
         return models.NormalGamma.from_data(X)
     if name == "beta-bernoulli":
@@ -273,17 +273,27 @@ def _cluster(args) -> int:
 
     X_raw, y, source = _load(args.data, args.labels)
     X = check_data(X_raw)
+    dtype = np.float64 if args.dtype == "float64" else np.float32
+    # normal-wishart for a partition method: fitted in standardised coordinates, as
+    # DirichletProcessMixture() does (jaxbnp._defaults.standardisation: the same model)
+    X_model, log_jacobian = X, 0.0
+    if args.family == "normal-wishart" and args.method not in ("ddt", "bhmc"):
+        shift, scale = defaults.standardisation(X)
+        X_model = (X - shift) / scale
+        log_jacobian = -len(X) * float(np.sum(np.log(scale)))  # log p(X, Π) = log p(Z, Π) + this
     # --method mapdp without --family: MAPDP's own default prior (its docstring)
-    family = None if args.family is None else _make_family(args.family, X)
-    X = check_data(X, family=family).astype(np.float64 if args.dtype == "float64" else np.float32)
+    family = None if args.family is None else _make_family(args.family, X_model)
+    X_model = check_data(X_model, family=family).astype(dtype)
+    X = X.astype(dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fit_idx = _subsample(args, X)
     _announce(args, X, fit_idx)
-    X_fit = X if fit_idx is None else X[fit_idx]
+    X_fit = X_model if fit_idx is None else X_model[fit_idx]
 
     t0 = time.perf_counter()
-    fit = FITS[args.method](args, X, X_fit, fit_idx, family)
+    fit = FITS[args.method](args, X_model, X_fit, fit_idx, family)
+    fit = fit._replace(log_joint=fit.log_joint + log_jacobian)  # of X, in its own units
     seconds = time.perf_counter() - t0
     summary, best, diagnostics = _summarise(args, X, y, source, fit, fit_idx, seconds)
     plots = _write_outputs(args, out, X, y, fit, best, summary)
@@ -661,8 +671,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "defaults for --chains, --warmup, --samples, --capacity and --max-points")
     c.add_argument("--family", default=None,
                    choices=["normal-wishart", "normal-gamma", "beta-bernoulli", "dirichlet-multinomial"],
-                   help="likelihood; priors from the data (tgMCMC settings for normal-wishart); default "
-                   "normal-wishart, and for mapdp MAPDP's default prior (NormalGamma, its variance "
+                   help="likelihood; priors from the data (normal-wishart: tgMCMC settings with the "
+                   "Ledoit-Wolf covariance, fitted on standardised columns, as DirichletProcessMixture() "
+                   "does); default normal-wishart, and for mapdp MAPDP's default prior (NormalGamma, its variance "
                    "from a 2-means split of the data)")
     c.add_argument("--alpha", type=float, default=1.0, help="DP concentration (default 1.0)")
     c.add_argument("--chains", type=int, default=None,

@@ -50,7 +50,7 @@ from .inference.partition.clusters import ClusterState
 from .inference.partition.kernels import SUBCLUSTER_DEFAULT_CAPACITY
 from .inference.runner import run
 from .models.distributions import mixture_model
-from .models.families import Family, NormalWishart
+from .models.families import Family
 from .models.measures import DP, Measure, PitmanYor
 
 __all__ = ["MAPDP", "DirichletProcessMixture", "select_alpha", "SingleClusterWarning", "NotFittedError"]
@@ -71,7 +71,7 @@ def _validated(estimator, X, reset: bool) -> np.ndarray:
                 f"X must be numeric; an entry could not be converted to float ({exc})."
             ) from exc
         raise
-    return np.asarray(arr, dtype=np.float64)
+    return np.ascontiguousarray(arr, dtype=np.float64)  # the same sums whatever the layout
 
 
 class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
@@ -534,9 +534,14 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         no draws: ``num_chains``, ``num_warmup``, ``num_samples`` and
         ``thinning`` are ignored).
     :param measure: the partition prior; ``None`` means ``DP(1.0)``.
-    :param family: a conjugate family; ``None`` means
-        ``NormalWishart.from_data(X)`` (the tgMCMC paper's settings; needs
-        at least 2 points and a non-singular sample covariance); with
+    :param family: a conjugate family; ``None`` (default) means a full-covariance Gaussian
+        with the tgMCMC paper's prior set from the data in standardised coordinates: the
+        fit runs on ``(X − mean) / sd`` (per column; a constant column only centred) with
+        ``NormalWishart.from_data(·, shrinkage="ledoit-wolf")``
+        (``jaxbnp._defaults.default_family``), so that the default does not depend on
+        the data's units and stays positive definite on constant or collinear columns;
+        ``family_`` is that prior written in the data's units (the same model), and
+        predictions and densities are of ``X`` itself. Needs at least 2 points. With
         ``method="mapdp"`` it means :class:`MAPDP`'s default prior.
     :param num_chains: independent chains, run vectorized in one program.
     :param num_warmup: iterations discarded per chain; ``None``: the method's default
@@ -719,7 +724,7 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
     def fit(self, X: Any, y: Any = None) -> "DirichletProcessMixture":
         """Sample the posterior over partitions of ``X`` ``(n, D)`` (NumPy array or DataFrame)."""
         measure, options = self._check_params()
-        for name in ("mapdp_", "_predictive"):  # a refit with another method starts clean
+        for name in ("mapdp_", "_predictive", "_data_scaling", "_family_fit"):  # a refit starts clean
             self.__dict__.pop(name, None)
         X = _validated(self, X, reset=True)
         auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
@@ -734,7 +739,13 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
             if self.family is not None:
                 X = check_data(X, family=self.family)
             return self._fit_mapdp(X, measure, self.family, options, seed)
-        family = self.family if self.family is not None else NormalWishart.from_data(X)
+        scaling = None
+        if self.family is None:  # the default: standardised coordinates (jaxbnp._defaults)
+            scaling = defaults.standardisation(X)
+            X = (X - scaling[0]) / scaling[1]
+            family = defaults.default_family(X)
+        else:
+            family = self.family
         X = check_data(X, family=family)
 
         for name, value in defaults.KERNEL_OPTIONS.get(self.method, {}).items():
@@ -776,7 +787,8 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         self.n_clusters_ = int(self.labels_.max()) + 1
         self.posterior_samples_ = samples
         self.measure_ = measure
-        self.family_ = family
+        self.family_ = family if scaling is None else defaults.in_data_units(family, *scaling)
+        self._family_fit, self._data_scaling = family, scaling
         self.capacity_ = capacity
         u = samples["u"].reshape(-1) if "u" in samples else np.ones(flat.shape[0])
         self._predictive = _predictive_tables(Xj, flat, measure, family, u, self.labels_)
@@ -822,10 +834,16 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         """``(log density (m,), proba existing (m, K), proba new (m,))`` of new points."""
         self._check_fitted()
         X = _validated(self, X, reset=False)
-        X = check_data(X, family=self.family_)
         if hasattr(self, "mapdp_"):
+            X = check_data(X, family=self.family_)
             proba = self.mapdp_.predict_proba(X)
             return self.mapdp_.score_samples(X), proba[:, :-1], proba[:, -1]
+        # the default family: computed in the fit's standardised coordinates
+        family = getattr(self, "_family_fit", self.family_)
+        scaling = getattr(self, "_data_scaling", None)
+        if scaling is not None:
+            X = (X - scaling[0]) / scaling[1]
+        X = check_data(X, family=family)
         m = X.shape[0]
         block = _SMALL_BLOCK if m <= _SMALL_BLOCK else _BLOCK
         padded = -(-m // block) * block
@@ -835,13 +853,15 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         Xp = jnp.asarray(Xp, dtype=jnp.result_type(float))
         t = self._predictive
         outs = [
-            _predictive_block(Xp[i:i + block], self.family_, t["params"], t["prior_params"],
+            _predictive_block(Xp[i:i + block], family, t["params"], t["prior_params"],
                               t["log_weight"], t["log_weight_new"], t["overlap"])
             for i in range(0, padded, block)
         ]
         log_density, proba, proba_new = (
             np.concatenate([np.asarray(o[k]) for o in outs])[:m] for k in range(3)
         )
+        if scaling is not None:  # the density of x, not of its standardised coordinates
+            log_density = log_density - np.sum(np.log(scaling[1]))
         return log_density, proba, proba_new
 
     def predict_proba(self, X: Any) -> np.ndarray:

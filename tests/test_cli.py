@@ -193,6 +193,10 @@ def test_capacity_grows_when_the_chains_need_more_slots(tmp_path, capsys, monkey
 
     rng = np.random.default_rng(4)
     X = np.r_[rng.normal(-6, 0.5, (10, 2)), rng.normal(0, 0.5, (10, 2)), rng.normal(6, 0.5, (10, 2))]
+    # centres (-6, -6), (0, 6), (6, 0), not on one line (on the line x = y, the default prior's
+    # scale matrix, from the data's covariance, is nearly singular across it)
+    X[10:20, 1] += 6.0
+    X[20:, 1] -= 6.0
     np.savetxt(tmp_path / "x.csv", X, delimiter=",")
     monkeypatch.chdir(tmp_path)
     assert main(["cluster", "x.csv", "--method", "gibbs", "--init", "one", "--capacity", "2", "--chains", "1",

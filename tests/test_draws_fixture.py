@@ -22,7 +22,9 @@ step is ``path_update="mh"``), and again when every BHMC sweep gained the subtre
 walks began drawing their uniforms 32 steps at a time from a key (issue #23: a batch of
 ``n`` rows per move made memory grow as n² per sweep), which also changed the prior draws of
 ``sample_tree``. ``fit_ddt`` now starts from the Ward tree by default; its entries are
-computed with ``init="prior"``, the start they were made with. Every other entry is the original.
+computed with ``init="prior"``, the start they were made with. ``dpm_gibbs`` is computed with
+``family=NormalWishart.from_data(X)``, the estimator's default when it was made (the default
+now standardises the columns first). Every other entry is the original.
 
 The draws are computed in a fresh subprocess with the suite's XLA flags and
 float64 (what ``draws.py`` itself sets), so that they do not depend on what the

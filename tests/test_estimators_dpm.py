@@ -89,6 +89,31 @@ def test_progress_bar_reports_without_changing_the_draws(fitted, capsys, monkeyp
     assert capsys.readouterr().err == ""
 
 
+def test_default_family_does_not_depend_on_the_units_and_takes_constant_columns(fitted):
+    """The default fits in standardised coordinates (``jaxbnp._defaults``): the blobs in other
+    units (a column times 1e-3 with an offset of 1e3, the other times 1e3) give the same draws,
+    ``family_`` is the prior in those units, densities carry the Jacobian; a constant column
+    (singular sample covariance) fits too (Ledoit-Wolf covariance)."""
+    X, y, dpm = fitted
+    scale, offset = np.array([1e-3, 1e3]), np.array([1e3, 0.0])
+    moved = DirichletProcessMixture(**SETTINGS).fit(X * scale + offset)
+    np.testing.assert_array_equal(moved.posterior_samples_["labels"], dpm.posterior_samples_["labels"])
+    np.testing.assert_allclose(np.asarray(moved.family_.m0), np.asarray(dpm.family_.m0) * scale + offset)
+    np.testing.assert_allclose(np.asarray(moved.family_.psi),
+                               np.asarray(dpm.family_.psi) * np.outer(scale, scale), rtol=1e-9)
+    points = np.array([[-6.0, 0.5], [30.0, -30.0]])
+    np.testing.assert_allclose(moved.score_samples(points * scale + offset),
+                               dpm.score_samples(points) - np.log(scale).sum(), rtol=1e-9)
+    np.testing.assert_allclose(moved.predict_proba(points * scale + offset), dpm.predict_proba(points),
+                               rtol=1e-7, atol=1e-12)
+    flat = np.column_stack([X[:, 0], np.full(len(X), 5.0)])
+    with pytest.raises(ValueError, match="singular"):
+        bnp.NormalWishart.from_data(flat)
+    one_column = DirichletProcessMixture(**SETTINGS).fit(flat)
+    assert np.isfinite(one_column.score(flat))
+    assert adjusted_rand_score(y, one_column.labels_) == 1.0  # x alone (-6, 0, 6) tells them apart
+
+
 # ----------------------------------------------------------------------------- prediction
 def _predictive_by_marginal_ratios(X, dpm, x):
     """Per draw and option (each cluster, then a new one): ``log p(x, option | X, Π_t)`` as a

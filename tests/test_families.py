@@ -439,6 +439,37 @@ def test_normal_wishart_from_data_rejects_singular_covariance():
         bnp.NormalWishart.from_data(X)
 
 
+def test_normal_wishart_from_data_shrinkage():
+    """``shrinkage="ledoit-wolf"``: Ψ ∝ scikit-learn's Ledoit-Wolf covariance, positive definite
+    with a constant and a collinear column; a number δ: ``(1 − δ) S + δ tr(S)/D I``."""
+    from sklearn.covariance import ledoit_wolf
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 4)) @ rng.normal(size=(4, 4))
+    X[:, 2] = 7.0
+    X[:, 3] = 2.0 * X[:, 0] - X[:, 1]
+    with pytest.raises(ValueError, match="singular.*ledoit-wolf"):
+        bnp.NormalWishart.from_data(X)
+    fam = bnp.NormalWishart.from_data(X, shrinkage="ledoit-wolf")
+    psi = np.asarray(fam.psi)
+    assert np.linalg.eigvalsh(psi).min() > 0
+    lw = ledoit_wolf(X)[0]  # Ψ = c · lw (entries of a constant column's row: 0 beside 0)
+    np.testing.assert_allclose(psi * (lw[0, 0] / psi[0, 0]), lw, rtol=1e-8, atol=1e-12 * abs(lw).max())
+    # the determinant over the columns that vary (not the constant column 2)
+    live = [0, 1, 3]
+    assert np.linalg.det(psi[np.ix_(live, live)]) == pytest.approx(0.1, rel=1e-8)
+    Y = rng.normal(size=(30, 3))
+    S = np.cov(Y, rowvar=False)
+    ratio = np.asarray(bnp.NormalWishart.from_data(Y, shrinkage=0.25).psi) / (
+        0.75 * S + 0.25 * np.trace(S) / 3 * np.eye(3))
+    np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-8)
+    for bad in ("oas", 1.5, -0.1):
+        with pytest.raises(ValueError, match="shrinkage"):
+            bnp.NormalWishart.from_data(Y, shrinkage=bad)
+    with pytest.raises(ValueError, match="every column is constant"):
+        bnp.NormalWishart.from_data(np.ones((5, 2)), shrinkage="ledoit-wolf")
+
+
 def test_normal_gamma_from_data():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(40, 3)) * np.array([0.01, 1.0, 100.0])

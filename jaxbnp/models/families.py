@@ -485,23 +485,56 @@ class NormalWishart(Family):
         self._set(m0=m0, r=r, nu=nu, psi=psi)
 
     @classmethod
-    def from_data(cls, X: Any, r: float = 0.1, extra_dof: float = 6.0, det_psi: float = 0.1):
+    def from_data(cls, X: Any, r: float = 0.1, extra_dof: float = 6.0, det_psi: float = 0.1,
+                  shrinkage: Any = None):
         """The tgMCMC paper's settings (docs/mathematics.md §2).
 
         ``r = 0.1``, ``ν = D + 6``, ``m0`` = sample mean and
         ``Ψ = S / (det(S)/0.1)^(1/D)`` with ``S`` the sample covariance, so
         that ``det Ψ = 0.1``.
+
+        ``shrinkage``: ``None`` (default, the paper's): ``S`` is the sample covariance, which
+        must be non-singular. ``"ledoit-wolf"``: ``S`` is scikit-learn's Ledoit-Wolf estimate
+        (``sklearn.covariance.ledoit_wolf``), the sample covariance shrunk towards a multiple
+        of the identity by a data-driven weight: positive definite with constant or collinear
+        columns. A number ``δ`` in ``[0, 1]``: ``(1 − δ) S + δ tr(S)/D I``. With shrinkage,
+        constant columns are left out of the determinant: ``Ψ = S / (det(S_v)/0.1)^(1/D_v)``
+        over the ``D_v`` columns that vary, so that a constant column (whose shrunk variance is
+        tiny) does not blow up the scale of the others.
         """
         X = _from_data_array("NormalWishart", X, min_rows=2)
         d = X.shape[1]
-        S = np.atleast_2d(np.cov(X, rowvar=False))
-        sign, logdet = np.linalg.slogdet(S)
+        if shrinkage is None:
+            S = np.atleast_2d(np.cov(X, rowvar=False))
+        elif isinstance(shrinkage, str):
+            if shrinkage != "ledoit-wolf":
+                raise ValueError(
+                    f"NormalWishart.from_data: shrinkage must be None, 'ledoit-wolf' or a number "
+                    f"in [0, 1], got {shrinkage!r}."
+                )
+            from sklearn.covariance import ledoit_wolf
+
+            S = np.atleast_2d(ledoit_wolf(X)[0])
+        else:
+            delta = float(shrinkage)
+            if not 0.0 <= delta <= 1.0:
+                raise ValueError(
+                    f"NormalWishart.from_data: shrinkage must be in [0, 1], got {shrinkage!r}."
+                )
+            S = np.atleast_2d(np.cov(X, rowvar=False))
+            S = (1.0 - delta) * S + delta * np.trace(S) / d * np.eye(d)
+        varies = np.ones(d, bool)
+        if shrinkage is not None:
+            sd = X.std(axis=0)
+            varies = sd > 1e-12 * np.maximum(1.0, np.abs(X.mean(axis=0)))
+        sign, logdet = np.linalg.slogdet(S[np.ix_(varies, varies)]) if varies.any() else (0.0, 0.0)
         if sign <= 0:
             raise ValueError(
                 "NormalWishart.from_data: the sample covariance is singular "
-                "(constant or collinear columns); drop them or pass psi yourself."
+                + ("(constant or collinear columns); drop them, pass shrinkage='ledoit-wolf' "
+                   "or pass psi yourself." if shrinkage is None else "(every column is constant).")
             )
-        psi = S / np.exp((logdet - np.log(det_psi)) / d)
+        psi = S / np.exp((logdet - np.log(det_psi)) / int(varies.sum()))
         return cls(m0=X.mean(axis=0), r=r, nu=d + extra_dof, psi=psi)
 
     @staticmethod
