@@ -68,16 +68,54 @@ def cholesky_pivots(a):
     return jnp.stack(_unrolled_cholesky(a)[1], axis=-1)
 
 
+def _loop_cholesky(a):
+    """Lower Cholesky factors by the right-looking recursion in a ``fori_loop`` over the ``d``
+    columns (batched ``(..., d, d)``; each step a rank-one update of the trailing block):
+    ``(L, smallest pivot)``. No library call, for the same reason as :func:`cholesky`."""
+    d = a.shape[-1]
+    rows = jnp.arange(d)
+
+    def body(j, carry):
+        A, L, low = carry
+        pivot = A[..., j, j]
+        col = jnp.where(rows >= j, A[..., :, j], 0.0) / jnp.sqrt(pivot)[..., None]
+        A = A - col[..., :, None] * col[..., None, :]
+        L = jnp.where(rows == j, col[..., :, None], L)
+        return A, L, jnp.minimum(low, pivot)
+
+    init = (a, jnp.zeros_like(a), jnp.full(a.shape[:-2], jnp.inf, a.dtype))
+    _, L, low = jax.lax.fori_loop(0, d, body, init)
+    return L, low
+
+
+def _loop_solve_triangular(t, b, lower: bool):
+    """``t⁻¹ b`` by substitution in a ``fori_loop`` over the ``d`` rows (``b`` ``(..., d, k)``)."""
+    d = t.shape[-1]
+
+    def body(step, x):
+        i = step if lower else d - 1 - step
+        r = b[..., i, :] - jnp.einsum("...j,...jk->...k", t[..., i, :], x)  # rows not yet set are 0
+        return x.at[..., i, :].set(r / t[..., i, i, None])
+
+    return jax.lax.fori_loop(0, d, body, jnp.zeros(jnp.broadcast_shapes(t.shape[:-2], b.shape[:-2])
+                                                   + b.shape[-2:], jnp.result_type(t, b)))
+
+
 def cholesky(a):
     """Lower Cholesky factors of symmetric positive-definite matrices (batched ``(..., d, d)``).
 
     ``d ≤ UNROLLED_CHOLESKY_MAX_DIM``: :func:`_unrolled_cholesky` (no library call: about a
     µs inside a compiled loop, where LAPACK's ``potrf`` costs tens, and nothing that waits
-    on XLA's thread pool, see ``jaxbnp.inference.runner``); larger: ``jnp.linalg.cholesky``.
+    on XLA's thread pool, see ``jaxbnp.inference.runner``); larger: :func:`_loop_cholesky`,
+    a loop over the columns, not ``jnp.linalg.cholesky``: jaxlib's LAPACK kernel splits a
+    batch over XLA's intra-op pool and waits for the pieces, and XLA runs independent
+    operations of one program side by side on that pool, so two such calls in one program
+    held both threads of a 2-core CPU and waited for ever (sub-cluster MCMC on 30 columns).
     Not positive definite: NaN entries, as LAPACK's gives.
     """
     if a.shape[-1] > UNROLLED_CHOLESKY_MAX_DIM:
-        return jnp.linalg.cholesky(a)
+        L, low = _loop_cholesky(a)
+        return jnp.where((low <= 0)[..., None, None] | jnp.isnan(low)[..., None, None], jnp.nan, L)
     lower, pivots = _unrolled_cholesky(a)
     bad = jnp.any(jnp.stack(pivots, axis=-1) <= 0, axis=-1)[..., None, None]
     L = jnp.stack([jnp.stack(row, axis=-1) for row in lower], axis=-2)
@@ -86,13 +124,13 @@ def cholesky(a):
 
 def solve_triangular(t, b, lower: bool):
     """``t⁻¹ b`` for triangular ``t`` ``(..., d, d)`` and ``b`` ``(..., d, k)``: substitution
-    written out for ``d ≤ UNROLLED_CHOLESKY_MAX_DIM`` (no library call, as :func:`cholesky`),
-    ``jax.scipy.linalg.solve_triangular`` above. A vector ``b`` ``(..., d)`` is one column."""
+    written out for ``d ≤ UNROLLED_CHOLESKY_MAX_DIM``, a loop over the rows above (no library
+    call, as :func:`cholesky`). A vector ``b`` ``(..., d)`` is one column."""
     if b.ndim == t.ndim - 1:
         return solve_triangular(t, b[..., None], lower)[..., 0]
     d = t.shape[-1]
     if d > UNROLLED_CHOLESKY_MAX_DIM:
-        return jax.scipy.linalg.solve_triangular(t, b, lower=lower)
+        return _loop_solve_triangular(t, b, lower)
     rows = [None] * d
     for i in (range(d) if lower else range(d - 1, -1, -1)):
         r = b[..., i, :]
@@ -111,12 +149,12 @@ def cho_solve(chol, b):
 def _jax_logdet_pd(a):
     """``log det`` of symmetric positive-definite matrices (batched) by Cholesky (NaN if not PD).
 
-    ``d ≤ 8``: the unrolled recursion of :func:`cholesky_pivots`; larger: LAPACK.
+    ``d ≤ 8``: the unrolled recursion of :func:`cholesky_pivots`; larger: :func:`cholesky`'s loop.
     """
     if a.shape[-1] <= UNROLLED_CHOLESKY_MAX_DIM:
         pivots = cholesky_pivots(a)
         return jnp.sum(jnp.log(jnp.where(pivots > 0, pivots, jnp.nan)), -1)
-    chol = jnp.linalg.cholesky(a)
+    chol = cholesky(a)
     return 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), -1)
 
 

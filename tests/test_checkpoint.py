@@ -191,7 +191,11 @@ def test_threads_run_programs_with_library_kernels_one_group_after_another(monke
     program side by side on a two-thread pool hung for ever (``DirichletProcessMixture``
     with two chains and a ``NormalWishart`` family). The runner reads the compiled program
     and runs those groups one after another (the same draws); programs without custom
-    calls still run side by side."""
+    calls still run side by side. The library's own families call none (``jaxbnp._math``
+    writes Cholesky factors and triangular solves out): ``NormalWishart`` with LAPACK's
+    Cholesky put back (a user's family may call LAPACK) runs one group after another, as it
+    is side by side."""
+    from jaxbnp import _math
     from jaxbnp.inference import runner
     from jaxbnp.models.distributions import mixture_model
 
@@ -201,18 +205,23 @@ def test_threads_run_programs_with_library_kernels_one_group_after_another(monke
     monkeypatch.setattr(runner, "cpu_cores", lambda: 2)
     Y = np.c_[X, X[::-1] ** 2]
     seen = {}
-    for name, family in (("NormalWishart", bnp.NormalWishart.from_data(Y)), ("NormalGamma", bnp.NormalGamma())):
+    for name, family in (("NormalWishart+LAPACK", bnp.NormalWishart.from_data(Y)),
+                         ("NormalWishart", bnp.NormalWishart.from_data(Y)), ("NormalGamma", bnp.NormalGamma())):
         model = functools.partial(mixture_model, measure=bnp.DP(1.0), family=family)
         make = lambda capacity: bnp.CollapsedGibbs(model, capacity=capacity)  # noqa: E731
         runner._COMPILED.clear()
-        got = run(make, KEY, (Y,), num_warmup=2, num_samples=3, num_chains=2, collect=_collect,
-                  chain_method="threads")
-        seen[name] = {side_by_side for _, side_by_side in runner._COMPILED.values()}
-        ref = run(make, KEY, (Y,), num_warmup=2, num_samples=3, num_chains=2, collect=_collect,
-                  chain_method="vectorized")
+        with monkeypatch.context() as patch:
+            if name.endswith("LAPACK"):
+                patch.setattr(_math, "cholesky", jax.numpy.linalg.cholesky)
+            got = run(make, KEY, (Y,), num_warmup=2, num_samples=3, num_chains=2, collect=_collect,
+                      chain_method="threads")
+            seen[name] = {side_by_side for _, side_by_side in runner._COMPILED.values()}
+            ref = run(make, KEY, (Y,), num_warmup=2, num_samples=3, num_chains=2, collect=_collect,
+                      chain_method="vectorized")
         np.testing.assert_array_equal(got.samples["z"], ref.samples["z"])
-    # NormalWishart's sweep solves with Cholesky factors (its start may not): not side by side
-    assert False in seen["NormalWishart"] and seen["NormalGamma"] == {True}, seen
+    # with LAPACK, the sweep's Cholesky factors are custom calls: not side by side
+    assert False in seen["NormalWishart+LAPACK"], seen
+    assert seen["NormalWishart"] == {True} and seen["NormalGamma"] == {True}, seen
 
 
 def test_runner_checkpoints_then_resumes_to_the_uninterrupted_draws(tmp_path, reference):

@@ -648,3 +648,33 @@ def test_logdet_pd_matches_numpy_slogdet_and_flags_non_positive_definite(d):
     indefinite = spd.copy()
     indefinite[:, -1, -1] = -1.0  # a negative diagonal entry: not positive definite
     assert np.all(np.isnan(np.asarray(jax.jit(JAX_MATH.logdet_pd)(jnp.asarray(indefinite)))))
+
+
+@pytest.mark.parametrize("d", [3, 9, 30])
+def test_cholesky_and_triangular_solves_without_lapack_match_numpy(d):
+    """``jaxbnp._math``'s Cholesky and triangular solves (written out for d <= 8, loops above:
+    no LAPACK call, which can deadlock XLA's CPU pool) agree with NumPy; a matrix that is not
+    positive definite gives an all-NaN factor, as LAPACK's does; the compiled program holds no
+    custom call."""
+    from jaxbnp import _math
+    from jaxbnp.inference.runner import calls_library_kernels
+
+    rng = np.random.default_rng(d)
+    G = rng.normal(size=(4, d, d))
+    A = G @ np.swapaxes(G, -1, -2) + d * np.eye(d)
+    B = rng.normal(size=(4, d, 2))
+    L = np.asarray(jax.jit(_math.cholesky)(jnp.asarray(A)))
+    np.testing.assert_allclose(L, np.linalg.cholesky(A), rtol=1e-10, atol=1e-10)
+    for lower, T in ((True, L), (False, np.swapaxes(L, -1, -2))):
+        x = np.asarray(jax.jit(_math.solve_triangular, static_argnums=2)(jnp.asarray(T), jnp.asarray(B), lower))
+        np.testing.assert_allclose(T @ x, B, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(_math.cho_solve(jnp.asarray(L), jnp.asarray(B))),
+                               np.linalg.solve(A, B), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(_math.JAX_MATH.logdet_pd(jnp.asarray(A))),
+                               np.linalg.slogdet(A)[1], rtol=1e-12)
+    bad = A.copy()
+    bad[1] = -np.eye(d)
+    out = np.asarray(_math.cholesky(jnp.asarray(bad)))
+    assert np.isnan(out[1]).all() and np.isfinite(out[[0, 2, 3]]).all()
+    compiled = jax.jit(lambda a, b: _math.cho_solve(_math.cholesky(a), b)).lower(A, B).compile()
+    assert not calls_library_kernels(compiled)

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammaln
 
+from .. import _math
 from .._math import JAX_MATH as _JAX_MATH
 from .._math import NUMPY_MATH as _NUMPY_MATH
 
@@ -604,10 +605,11 @@ class NormalWishart(Family):
     def predictive_params(self, stats):
         """``NormalWishartParams``: ``m_n``, ``Ψ_n⁻¹``, ``log|Ψ_n|``, ``r_n``, ``ν_n`` and the t normaliser."""
         rn, nun, mn, psin = self._posterior(stats)
-        chol = jnp.linalg.cholesky(psin)
+        # jaxbnp._math: no LAPACK call (two in one program can deadlock XLA's CPU thread pool)
+        chol = _math.cholesky(psin)
         d = self.psi.shape[-1]
         eye = jnp.broadcast_to(jnp.eye(d, dtype=chol.dtype), chol.shape)
-        psi_inv = jax.scipy.linalg.cho_solve((chol, True), eye)
+        psi_inv = _math.cho_solve(chol, eye)
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), -1)
         return self._with_norm(mn, psi_inv, logdet, rn, nun)
 
@@ -733,14 +735,14 @@ class NormalWishart(Family):
         diag = jnp.sqrt(2.0 * jnp.exp(loggamma_from_uniform(u_diag, 0.5 * df, key)))
         off = jnp.tril(normal_from_uniform(u_off), -1)
         A = off + diag[..., :, None] * jnp.eye(d, dtype=dtype)
-        U = jnp.linalg.cholesky(psin)
+        U = _math.cholesky(psin)
         U = jnp.broadcast_to(U, batch + (d, d))
         Ut = jnp.swapaxes(U, -1, -2)
-        B = jax.scipy.linalg.solve_triangular(Ut, A, lower=False)
+        B = _math.solve_triangular(Ut, A, lower=False)
         precision = B @ jnp.swapaxes(B, -1, -2)
         precision = 0.5 * (precision + jnp.swapaxes(precision, -1, -2))
         z = normal_from_uniform(u_mu)
-        y = jax.scipy.linalg.solve_triangular(A, z, lower=True, trans="T")  # A⁻ᵀ z
+        y = _math.solve_triangular(jnp.swapaxes(A, -1, -2), z, lower=False)  # A⁻ᵀ z
         mean = mn + (U @ y)[..., 0] / jnp.sqrt(jnp.broadcast_to(rn, batch))[..., None]
         return NormalWishartComponent(mean, precision)
 
@@ -753,7 +755,7 @@ class NormalWishart(Family):
         mu, P = params.mean, params.precision
         n, d = X.shape
         k = P.shape[0]
-        chol = jnp.linalg.cholesky(P)
+        chol = _math.cholesky(P)
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), -1)
         Pmu = jnp.sum(P * mu[:, None, :], -1)  # (K, D)
         const = 0.5 * logdet - 0.5 * jnp.sum(Pmu * mu, -1) - 0.5 * d * _LOG_2PI
