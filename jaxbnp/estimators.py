@@ -731,8 +731,8 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         n = X.shape[0]
         if self.family is None and n < 2 and self.method != "mapdp":
             raise ValueError(
-                "The default family NormalWishart.from_data(X) needs at least 2 samples "
-                f"(got {n} sample); pass more points or a family."
+                "The default family (NormalWishart.from_data on standardised X) needs at least "
+                f"2 samples (got {n} sample); pass more points or a family."
             )
         seed = 0 if self.random_state is None else int(self.random_state)
         if self.method == "mapdp":  # MAPDP's own defaults, its default prior included
