@@ -98,10 +98,12 @@ def standardisation(X) -> tuple[np.ndarray, np.ndarray]:
     raw data its prior depends on them, and features on scales from 1e-3 to 1e3 (or offsets
     like wine's 1e3) leave float32 sums of ``x xᵀ`` unable to resolve ``Ψ``; in standardised
     coordinates neither happens (docs/benchmarks.md, "Data nobody here designed")."""
+    from ._validation import constant_columns
+
     X = np.asarray(X, np.float64)
     shift = X.mean(axis=0)
     scale = X.std(axis=0)
-    constant = scale <= 1e-12 * np.maximum(1.0, np.abs(shift))
+    constant = constant_columns(shift, scale)
     if len(X):  # a constant column becomes exactly 0
         shift = np.where(constant, X[0], shift)
     return shift, np.where(constant, 1.0, scale)

@@ -115,7 +115,7 @@ def cholesky(a):
     """
     if a.shape[-1] > UNROLLED_CHOLESKY_MAX_DIM:
         L, low = _loop_cholesky(a)
-        return jnp.where((low <= 0)[..., None, None] | jnp.isnan(low)[..., None, None], jnp.nan, L)
+        return jnp.where(~(low > 0)[..., None, None], jnp.nan, L)  # a pivot <= 0 or NaN
     lower, pivots = _unrolled_cholesky(a)
     bad = jnp.any(jnp.stack(pivots, axis=-1) <= 0, axis=-1)[..., None, None]
     L = jnp.stack([jnp.stack(row, axis=-1) for row in lower], axis=-2)

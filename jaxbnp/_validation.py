@@ -11,6 +11,13 @@ import numpy as np
 __all__ = ["check_data", "check_labels", "check_int", "check_real"]
 
 
+def constant_columns(mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """Which columns count as constant, from their means and standard deviations: an sd at
+    most ``1e-12`` times ``max(1, |mean|)`` (rounding, not spread). One rule for the default
+    family's standardisation and ``NormalWishart.from_data``'s determinant."""
+    return np.asarray(sd) <= 1e-12 * np.maximum(1.0, np.abs(mean))
+
+
 def check_data(X: Any, name: str = "X", family=None) -> np.ndarray:
     """Return ``X`` as a 2-D float NumPy array, or raise ``ValueError`` saying what to fix.
 

@@ -526,8 +526,9 @@ class NormalWishart(Family):
             S = (1.0 - delta) * S + delta * np.trace(S) / d * np.eye(d)
         varies = np.ones(d, bool)
         if shrinkage is not None:
-            sd = X.std(axis=0)
-            varies = sd > 1e-12 * np.maximum(1.0, np.abs(X.mean(axis=0)))
+            from .._validation import constant_columns
+
+            varies = ~constant_columns(X.mean(axis=0), X.std(axis=0))
         sign, logdet = np.linalg.slogdet(S[np.ix_(varies, varies)]) if varies.any() else (0.0, 0.0)
         if sign <= 0:
             raise ValueError(
