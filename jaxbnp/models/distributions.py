@@ -37,6 +37,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
+from .. import _math
 from .._validation import check_data
 from .families import (
     BetaBernoulli,
@@ -241,14 +242,15 @@ class ConjugateMixture(dist.Distribution):
             mu = jnp.broadcast_to(fam.m0, (n, d)) + jax.random.normal(k2, (n, d)) / jnp.sqrt(fam.k0 * lam)
             return mu[labels] + jax.random.normal(k3, (n, d)) / jnp.sqrt(lam[labels])
         if isinstance(fam, NormalWishart):
-            prec = dist.Wishart(fam.nu, scale_matrix=jnp.linalg.inv(fam.psi)).sample(k1, (n,))
-            cov = jnp.linalg.inv(prec)
-            mu = jax.vmap(lambda k, c: jax.random.multivariate_normal(k, fam.m0, c / fam.r))(
-                jax.random.split(k2, n), cov
-            )
-            return jax.vmap(lambda k, m, c: jax.random.multivariate_normal(k, m, c))(
-                jax.random.split(k3, n), mu[labels], cov[labels]
-            )
+            # one (μ, Λ) per slot from the prior (the family's own Bartlett draw), then
+            # x = μ + L⁻ᵀ z with Λ = L Lᵀ, so Cov(x | μ, Λ) = Λ⁻¹: triangular solves only, no
+            # LAPACK call (two in one program can deadlock XLA's CPU pool, jaxbnp._math)
+            dtype = jnp.result_type(jnp.asarray(fam.psi).dtype, float)
+            comp = fam.sample_params(k1, fam.empty_stats(n, d, dtype))
+            chol = _math.cholesky(comp.precision[labels])
+            z = jax.random.normal(k3, (n, d, 1), dtype)
+            return comp.mean[labels] + _math.solve_triangular(jnp.swapaxes(chol, -1, -2), z,
+                                                              lower=False)[..., 0]
         if isinstance(fam, BetaBernoulli):
             p = dist.Beta(jnp.broadcast_to(fam.a, (n, d)), jnp.broadcast_to(fam.b, (n, d))).sample(k1)
             return jax.random.bernoulli(k2, p[labels]).astype(jnp.result_type(float))
