@@ -631,8 +631,11 @@ class NormalWishart(Family):
     def log_predictive_from_params(self, x, params):
         d = self.psi.shape[-1]
         diff = x - params.mean
-        # multiply-and-sum (not einsum): fuses with the rest on CPU
-        q = jnp.sum(jnp.sum(params.psi_inv * diff[..., None, :], -1) * diff, -1)
+        # an einsum, not the multiply-and-sum ``sum(sum(Ψ⁻¹ * diff[..., None, :], -1) * diff, -1)``:
+        # vmapped over points and jitted in float32, XLA:CPU (jax 0.10.2) computed that one wrong
+        # beyond the first hundred points (NaN or values off by tens of nats; eager and float64
+        # right), which made MAP-DP's batched step move most points of every block
+        q = jnp.einsum("...d,...de,...e->...", diff, params.psi_inv, diff)
         dof = params.nun - d + 1.0
         return params.log_norm - 0.5 * (dof + d) * jnp.log1p(q * params.rn / (params.rn + 1.0))
 
