@@ -19,6 +19,8 @@ import functools
 
 import numpy as np
 
+from ._validation import constant_columns
+
 __all__ = ["METHOD", "NUM_CHAINS", "INIT_CLUSTERS", "ITERATIONS", "KERNEL_OPTIONS", "INIT",
            "KMEANS_START", "FREE_SLOTS", "capacity_for_start", "kmeans_starts", "cli_defaults",
            "standardisation", "default_family", "in_data_units"]
@@ -98,8 +100,6 @@ def standardisation(X) -> tuple[np.ndarray, np.ndarray]:
     raw data its prior depends on them, and features on scales from 1e-3 to 1e3 (or offsets
     like wine's 1e3) leave float32 sums of ``x xᵀ`` unable to resolve ``Ψ``; in standardised
     coordinates neither happens (docs/benchmarks.md, "Data nobody here designed")."""
-    from ._validation import constant_columns
-
     X = np.asarray(X, np.float64)
     shift = X.mean(axis=0)
     scale = X.std(axis=0)

@@ -57,6 +57,7 @@ from .._random import (
     log_beta_pair_from_uniform, log_dirichlet_from_uniform, loggamma_from_uniform, loggamma_uniforms,
     normal_from_uniform, split_uniform,
 )
+from .._validation import constant_columns
 
 __all__ = [
     "Family",
@@ -526,8 +527,6 @@ class NormalWishart(Family):
             S = (1.0 - delta) * S + delta * np.trace(S) / d * np.eye(d)
         varies = np.ones(d, bool)
         if shrinkage is not None:
-            from .._validation import constant_columns
-
             varies = ~constant_columns(X.mean(axis=0), X.std(axis=0))
         sign, logdet = np.linalg.slogdet(S[np.ix_(varies, varies)]) if varies.any() else (0.0, 0.0)
         if sign <= 0:
