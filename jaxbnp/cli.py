@@ -673,8 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["normal-wishart", "normal-gamma", "beta-bernoulli", "dirichlet-multinomial"],
                    help="likelihood; priors from the data (normal-wishart: tgMCMC settings with the "
                    "Ledoit-Wolf covariance, fitted on standardised columns, as DirichletProcessMixture() "
-                   "does); default normal-wishart, and for mapdp MAPDP's default prior (NormalGamma, its variance "
-                   "from a 2-means split of the data)")
+                   "does); default normal-wishart, and for mapdp MAPDP's default prior (a full-covariance "
+                   "prior on standardised columns, its covariance from a 32-means split of the data)")
     c.add_argument("--alpha", type=float, default=1.0, help="DP concentration (default 1.0)")
     c.add_argument("--chains", type=int, default=None,
                    help="MCMC chains (one per CPU core when there are several), random-order restarts "

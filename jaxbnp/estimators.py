@@ -81,22 +81,27 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
     found at every size: a k-means++ start with ``init_clusters`` clusters
     (the paper starts from one cluster), batched sweeps, merge and split
     moves between sweeps (exact NLL changes, kept only when they lower it)
-    and a prior whose cluster variance is a within-group variance
+    and a full-covariance prior whose cluster covariance is a within-group covariance
     (:func:`jaxbnp.inference.partition.mapdp.default_prior`). The NLL
     ``−log p(X, Π)`` never increases, whatever the options.
 
     **The paper's algorithm** is ``MAPDP.paper(alpha=...)``, i.e.
     ``init="one", mode="sequential", split_moves=False, merge_moves=False``
     (with ``family=None`` it still uses the default prior rule; pass the
-    paper's ``NormalGamma`` for its prior).
+    paper's ``NormalGamma.from_data(X)`` for its prior).
 
     :param alpha: DP concentration; ignored when ``measure`` is given.
-    :param family: a conjugate family; ``None`` means
-        ``jaxbnp.inference.partition.mapdp.default_prior(X)``: a ``NormalGamma`` with
-        ``m0`` = the mean, ``k0 = 1/N``, ``a0 = 1`` and ``b0`` = the pooled
-        per-dimension variance within the two groups of a 2-means clustering (the
-        paper's ``b0`` is the whole data variance; ``NormalGamma.from_data``
-        was the default before and is unchanged).
+    :param family: a conjugate family; ``None`` means a full-covariance Gaussian with
+        ``jaxbnp.inference.partition.mapdp.default_prior``, set on standardised
+        coordinates: the fit runs on ``(X − mean) / sd`` (per column; a constant column
+        only centred) with a ``NormalWishart`` whose expected cluster covariance is the
+        pooled covariance within the groups of a 32-means clustering (Ledoit-Wolf),
+        worth ``D + 1`` points. ``family_`` is that prior written in the data's units
+        (the same model), and ``nll_``, ``nll_trace_``, predictions and densities are of
+        ``X`` itself. With fewer points than a covariance has entries, ``n < D (D + 1) / 2``
+        (``mapdp.default_covariance``), it is the diagonal ``default_prior(X,
+        covariance="diag")`` on ``X`` (a ``NormalGamma``, the default before for every
+        ``n``; on elongated clusters it cuts each into diagonal pieces, docs/benchmarks.md).
     :param measure: ``DP(alpha)`` or ``PitmanYor(alpha, d)`` (MAP-PY);
         ``None`` means ``DP(alpha)``.
     :param n_restarts: random point orders (and k-means++ seeds) tried; the
@@ -214,10 +219,18 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         measure = self._check_options()
         X = _validated(self, X, reset=True)
         auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
-        family = self.family if self.family is not None else mapdp_core.default_prior(X)
+        n = X.shape[0]
+        scaling = None
+        if self.family is None:  # the default prior (docstring)
+            covariance = mapdp_core.default_covariance(*X.shape)
+            if covariance == "full":  # on standardised coordinates
+                scaling = defaults.standardisation(X)
+                X = (X - scaling[0]) / scaling[1]
+            family = mapdp_core.default_prior(X, covariance=covariance)
+        else:
+            family = self.family
         X = check_data(X, family=family)
         Xj = jnp.asarray(X, dtype=jnp.result_type(float))
-        n = X.shape[0]
         init_clusters = min(int(self.init_clusters), n) if self.init == "kmeans++" else 1
         if self.capacity is not None:
             capacity = min(int(self.capacity), n)
@@ -259,10 +272,12 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         self.labels_ = remap[slot_labels].astype(np.int64)
         self.n_clusters_ = int(len(used))
         self.cluster_sizes_ = np.asarray(clusters.counts)[used]
-        self.nll_ = float(best.nll)
+        # −log p(X, Π) = −log p(Z, Π) + n Σ log scale: of X in its own units
+        jacobian = 0.0 if scaling is None else n * float(np.sum(np.log(scaling[1])))
+        self.nll_ = float(best.nll) + jacobian
         self.n_iter_ = int(best.n_iter)
-        trace = np.asarray(best.nll_trace)
-        self.nll_trace_ = trace[: self.n_iter_ + 1]
+        trace = np.asarray(best.nll_trace, dtype=np.float64)
+        self.nll_trace_ = trace[: self.n_iter_ + 1] + jacobian
         if self.n_clusters_ == 1 and n > 1:
             hint = (" Started from one cluster, point-by-point moves rarely split "
                     "well-separated groups: try the defaults (init='kmeans++', split_moves=True, "
@@ -273,7 +288,8 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
                 SingleClusterWarning,
                 stacklevel=2,
             )
-        self.family_ = family
+        self.family_ = family if scaling is None else defaults.in_data_units(family, *scaling)
+        self._family_fit, self._data_scaling = family, scaling
         self.measure_ = measure
         # compact statistics for prediction
         self._clusters = ClusterState(
@@ -289,14 +305,18 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         return self.fit(X).labels_
 
     def _check_fitted(self, X):
+        """``X`` in the fit's coordinates (standardised with the default prior)."""
         check_is_fitted(self, "labels_")
         X = _validated(self, X, reset=False)
-        self.family_.validate_data(X)
+        scaling = getattr(self, "_data_scaling", None)
+        if scaling is not None:
+            X = (X - scaling[0]) / scaling[1]
+        getattr(self, "_family_fit", self.family_).validate_data(X)
         return jnp.asarray(X, dtype=jnp.result_type(float))
 
     def _log_weights(self, X):
         return mapdp_core.predict_log_weights(self._check_fitted(X), self._clusters,
-                                              self.measure_, self.family_)
+                                              self.measure_, getattr(self, "_family_fit", self.family_))
 
     def predict(self, X: Any, allow_new: bool = False) -> np.ndarray:
         """Modal assignment of new points (docs/mathematics.md §3).
@@ -322,7 +342,11 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         existing, new = self._log_weights(X)
         total = jax.nn.logsumexp(jnp.concatenate([existing, new[:, None]], axis=1), axis=1)
         n = float(self.cluster_sizes_.sum())
-        return np.asarray(total - jnp.log(n + self.measure_.alpha))
+        out = np.asarray(total - jnp.log(n + self.measure_.alpha), dtype=np.float64)
+        scaling = getattr(self, "_data_scaling", None)
+        if scaling is not None:  # the density of x, not of its standardised coordinates
+            out = out - np.sum(np.log(scaling[1]))
+        return out
 
     def score(self, X: Any, y: Any = None) -> float:
         """Mean log predictive density per point."""
@@ -343,7 +367,8 @@ def select_alpha(
 
     ``method="nll"``: fit on all data for each alpha, return the alpha with the
     lowest NLL ``−log p(X, Π̂ | α)`` (the fits use ``MAPDP``'s defaults; with
-    ``family=None`` the default prior is computed once from ``X``). ``method="heldout"``: ``n_folds``-fold
+    ``family=None`` its default prior, the same for every alpha: a deterministic function
+    of the data fitted). ``method="heldout"``: ``n_folds``-fold
     cross-validation of the mean log predictive density (``MAPDP.score``).
     Returns ``(best_alpha, scores)``, scores being NLL (lower is better) or
     held-out log density (higher is better) per alpha. ``progress_bar``: a tqdm
@@ -359,8 +384,8 @@ def select_alpha(
 
 def _select_alpha(X, alphas, family, method, n_folds, random_state, progress_bar, **mapdp_kwargs):
     X = check_data(X)
-    # the default prior is computed once, so that every alpha is scored under the same prior
-    family = family if family is not None else mapdp_core.default_prior(X)
+    # family=None: each fit computes MAPDP's default prior, a deterministic function of its
+    # data, so that every alpha is scored under the same prior (per fold with "heldout")
     alphas = [float(a) for a in alphas]
     if any(a <= 0 for a in alphas):
         raise ValueError("every alpha must be > 0.")

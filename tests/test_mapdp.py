@@ -350,6 +350,52 @@ def test_defaults_find_well_separated_clusters(data):
         assert paper.n_clusters_ < k_true - 2 and paper.nll_ > est.nll_
 
 
+def _strips(n_per=200, seed=0):
+    """Three parallel strips at 45 degrees: standard deviation 3 along the strip, 0.3 across,
+    2.5 apart. Full-covariance clusters that no diagonal covariance describes."""
+    rng = np.random.default_rng(seed)
+    u, v = np.array([1.0, 1.0]) / np.sqrt(2), np.array([-1.0, 1.0]) / np.sqrt(2)
+    X = [rng.normal(size=(n_per, 1)) * 3.0 * u + rng.normal(size=(n_per, 1)) * 0.3 * v + 2.5 * j * v
+         for j in range(3)]
+    return np.concatenate(X), np.repeat(np.arange(3), n_per)
+
+
+def test_default_prior_is_full_covariance_and_free_of_units():
+    """``MAPDP()``'s default prior is a Normal-Wishart on standardised columns: elongated,
+    rotated clusters are found (the former diagonal default, ``covariance="diag"``, cuts them
+    into pieces: the power check that the data tell the two apart); and the fit does not
+    depend on the data's units: rescaled and shifted columns give the same partition, and
+    ``nll_`` and ``score_samples`` change by exactly the Jacobian."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    X, y = _strips()
+    est = MAPDP(random_state=0).fit(X)
+    assert isinstance(est.family_, bnp.NormalWishart)
+    assert est.n_clusters_ == 3 and normalized_mutual_info_score(y, est.labels_) > 0.99
+    diag = MAPDP(random_state=0, family=mapdp_core.default_prior(X, covariance="diag")).fit(X)
+    assert isinstance(diag.family_, bnp.NormalGamma)
+    assert diag.n_clusters_ >= 5 and normalized_mutual_info_score(y, diag.labels_) < 0.8
+    # the reported prior is the model on X: its log joint of X is -nll_
+    expected = -float(bnp.log_joint(X, jnp.asarray(est.labels_), bnp.DP(1.0), est.family_))
+    np.testing.assert_allclose(est.nll_, expected, rtol=1e-9)
+    a, b = np.array([1e-3, 1e2]), np.array([5.0, -7.0])
+    moved = MAPDP(random_state=0).fit(X * a + b)
+    np.testing.assert_array_equal(moved.labels_, est.labels_)
+    np.testing.assert_allclose(moved.nll_ - est.nll_, len(X) * np.sum(np.log(a)), rtol=1e-9)
+    np.testing.assert_allclose(moved.nll_trace_ - est.nll_trace_, len(X) * np.sum(np.log(a)),
+                               rtol=1e-9)
+    np.testing.assert_allclose(est.score_samples(X[:7]) - moved.score_samples(X[:7] * a + b),
+                               np.sum(np.log(a)), rtol=1e-9)
+    np.testing.assert_array_equal(moved.predict(X[:7] * a + b), est.predict(X[:7]))
+    with pytest.raises(ValueError, match="covariance"):
+        mapdp_core.default_prior(X, covariance="spherical")
+    # fewer points than a covariance has entries: the diagonal prior, on X itself
+    few = MAPDP(random_state=0).fit(X[:2])
+    assert isinstance(few.family_, bnp.NormalGamma)
+    assert [mapdp_core.default_covariance(n, d) for n, d in [(2, 2), (3, 2), (1797, 64), (569, 30)]] \
+        == ["diag", "full", "diag", "full"]
+
+
 def test_subsample_start_on_more_points_than_init_size():
     """More points than ``init_size``: the k-means++ start and the moves run on a subsample,
     every point goes to its best cluster of that fit, sweeps over all points follow. The
@@ -415,7 +461,11 @@ def test_defaults_on_fewer_points_than_the_start_has_clusters(n):
     slot is in use; a point alone in its cluster that prefers a new cluster keeps its own slot
     (a free slot is not needed), so there is no overflow and no CapacityError."""
     X = np.arange(2.0 * n).reshape(n, 2) * 10.0
-    est = MAPDP(random_state=0).fit(X)  # one point is one cluster: no warning
+    # the diagonal prior (the default for n < 3 here): each point stays in a cluster of its
+    # own, no warning; the full prior, the default from n = 3, puts these collinear points in
+    # one cluster
+    family = mapdp_core.default_prior(X, covariance="diag")
+    est = MAPDP(random_state=0, family=family).fit(X)
     assert est.labels_.shape == (n,) and 1 <= est.n_clusters_ <= n
     assert np.isfinite(est.nll_)
 
