@@ -6,12 +6,14 @@ A panel of data sets a user would bring, none tuned for jaxbnp:
   spread over a factor of 10 within each cluster, so elongated clusters), unequal sizes
   (Dirichlet(2) weights) and centres drawn close enough that some clusters overlap;
   D = 2, 10 and 50.
-* ``blobs-linmap``: scikit-learn's ``make_blobs`` passed through a random linear map.
+* ``blobs-linmap``: scikit-learn's ``make_blobs`` passed through a random linear map (and
+  from 10^4 points ``blobs30-linmap``: 30 centres in D = 10).
 * ``scales``: full-covariance clusters whose features are then multiplied by 10^-3 .. 10^3.
 * ``student-t``: clusters with Student-t (4 degrees of freedom) noise and full covariances.
 * the UCI sets scikit-learn ships: iris, wine, breast cancer, digits (class labels as truth).
 
-For each set, every method with its defaults, in the same run: ``MAPDP()``,
+For each set, every method with its defaults, in the same run: ``MAPDP()`` (and
+``MAPDP-diag``: its former diagonal default prior, ``default_prior(X, covariance="diag")``),
 ``DirichletProcessMixture()`` (collapsed Gibbs) and its ``method="splitmerge"`` and
 ``"subcluster"``, the command line's default (``jaxbnp cluster FILE``, a subprocess
 with its own compilation cache), and scikit-learn's ``BayesianGaussianMixture``
@@ -48,7 +50,7 @@ import numpy as np
 
 from harness import RESULTS, cpu_seconds, utc_now, machine_info, other_cpu_seconds, write_json, write_lines
 
-METHODS = ("MAPDP", "DPM-gibbs", "DPM-splitmerge", "DPM-subcluster", "CLI", "BGM-full",
+METHODS = ("MAPDP", "MAPDP-diag", "DPM-gibbs", "DPM-splitmerge", "DPM-subcluster", "CLI", "BGM-full",
            "BGM-diag", "KMeans-trueK")
 
 
@@ -109,6 +111,11 @@ def panel(sizes: list[int]) -> list[dict]:
         A = np.random.default_rng(4).normal(size=(5, 5))
         sets.append(dict(name=f"blobs-linmap-n{n}", X=(Xb @ A, yb),
                          what="make_blobs (6 centres, D=5) through a random linear map"))
+        if n >= 10_000:  # the data of the issue that made MAPDP()'s prior full-covariance
+            Xb, yb = skd.make_blobs(n_samples=n, centers=30, n_features=10, random_state=0)
+            A = np.random.default_rng(0).normal(size=(10, 10)) * 0.3
+            sets.append(dict(name=f"blobs30-linmap-n{n}", X=(Xb @ A, yb),
+                             what="make_blobs (30 centres, D=10) through a random linear map"))
         Xs, ys = gaussian_clusters(n, 6, 5, 5, 3.0)
         sets.append(dict(name=f"scales-n{n}", X=(Xs * 10.0 ** np.linspace(-3, 3, 5), ys),
                          what="6 full-covariance clusters, D=5, features scaled by 1e-3 .. 1e3"))
@@ -124,7 +131,7 @@ def panel(sizes: list[int]) -> list[dict]:
     return sets
 
 
-def _estimator(method: str, n: int, k_true: int):
+def _estimator(method: str, n: int, k_true: int, X=None):
     from sklearn.cluster import KMeans
     from sklearn.mixture import BayesianGaussianMixture
 
@@ -132,6 +139,10 @@ def _estimator(method: str, n: int, k_true: int):
 
     if method == "MAPDP":
         return bnp.MAPDP(random_state=0)
+    if method == "MAPDP-diag":  # MAPDP()'s former default prior (computed before the clock)
+        from jaxbnp.inference.partition.mapdp import default_prior
+
+        return bnp.MAPDP(random_state=0, family=default_prior(X, covariance="diag"))
     if method.startswith("DPM-"):
         return bnp.DirichletProcessMixture(method=method[4:], random_state=0, progress_bar=False)
     if method.startswith("BGM-"):
@@ -159,7 +170,7 @@ def run_method(method: str, X: np.ndarray, y: np.ndarray, workdir: str) -> dict:
             return _run_cli(X, y, workdir)
         times = []
         for _ in range(2):
-            est = _estimator(method, X.shape[0], k_true)
+            est = _estimator(method, X.shape[0], k_true, X)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 t0 = time.perf_counter()
