@@ -859,8 +859,7 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         """``(log density (m,), proba existing (m, K), proba new (m,))`` of new points."""
         self._check_fitted()
         X = _validated(self, X, reset=False)
-        if hasattr(self, "mapdp_"):
-            X = check_data(X, family=self.family_)
+        if hasattr(self, "mapdp_"):  # checked in MAPDP's own coordinates (standardised or not)
             proba = self.mapdp_.predict_proba(X)
             return self.mapdp_.score_samples(X), proba[:, :-1], proba[:, -1]
         # the default family: computed in the fit's standardised coordinates
