@@ -3,8 +3,8 @@
 * ``family_type2_ml(X, labels, family)``: the family's hyperparameters by
   type-II maximum likelihood: maximise ``Σ_c log P(X_c)`` for the given
   labels with optax (Adam) on unconstrained parameters.
-* ``alpha_grid_nll`` and ``alpha_heldout`` live in ``jaxbnp.estimators``
-  (they refit MAP-DP for each alpha).
+* the DP concentration of MAP-DP is chosen by ``jaxbnp.estimators.select_alpha``
+  (``method="nll"`` or ``"heldout"``: it refits MAP-DP for each alpha).
 """
 
 from __future__ import annotations

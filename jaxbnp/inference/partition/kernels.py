@@ -695,8 +695,6 @@ class SubClusterMCMC(PartitionKernel):
             init_strategy=init_strategy, update_hyperparameters=update_hyperparameters,
             chain_batching=chain_batching,
         )
-        self._num_launch_sweeps = num_launch_sweeps
-        self._mesh = mesh
 
     def capacity_for(self, num_points: int) -> int:
         if self._capacity is not None:
