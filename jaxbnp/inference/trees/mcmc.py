@@ -96,6 +96,7 @@ from ...models.ddt import (
     refresh_messages,
     root_of,
     structure_log_prior,
+    structure_log_prior_from,
     tree_messages,
 )
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
@@ -218,18 +219,21 @@ def _time_proposal(step: jax.Array, state: DDTState, j: jax.Array):
     return new_tree, log_jac, (t_new > lo) & (t_new < hi)
 
 
-def _metropolis(state: DDTState, msg: Messages, proposal: Tree, sizes, root, starts, log_q_ratio,
-                valid, log_u):
-    """Accept or reject ``proposal`` (subtree sizes ``sizes``, root ``root``) with the data
-    term from the messages brought up to date from ``starts`` (O(depth D), not the O(n D)
-    upward pass) and the structure term from the sizes (one vectorised sum)."""
+def _metropolis(state: DDTState, msg: Messages, log_surv, proposal: Tree, sizes, root, starts,
+                log_q_ratio, valid, log_u, moved):
+    """Accept or reject ``proposal`` (subtree sizes ``sizes``, root ``root``; node ``moved``
+    the only one whose time changed) with the data term from the messages brought up to date
+    from ``starts`` (O(depth D), not the O(n D) upward pass) and the structure term from the
+    sizes and ``log_surv = log1p(−time)``, kept up to date one node per move (one
+    vectorised sum without logarithms: :func:`~jaxbnp.models.ddt.structure_log_prior_from`)."""
     new_msg = refresh_messages(proposal, msg, starts, state.sigma)
     ll = messages_log_likelihood(proposal, new_msg, root, state.sigma)
-    lp = structure_log_prior(proposal, state.c, sizes)
+    new_surv = log_surv.at[moved].set(jnp.log1p(-proposal.time[moved]))
+    lp = structure_log_prior_from(proposal, state.c, sizes, new_surv)
     log_r = (lp + ll) - (state.log_prior + state.log_likelihood) + log_q_ratio
     ok = valid & (log_u < log_r)  # NaN -> reject
     new = state._replace(tree=proposal, log_prior=lp, log_likelihood=ll, sizes=sizes)
-    return select_state(ok, (new, new_msg), (state, msg)), ok
+    return select_state(ok, (new, new_msg, new_surv), (state, msg, log_surv)), ok
 
 
 def _tree_moves(key, state: DDTState, X, num_subtree_moves: int, step_size):
@@ -254,27 +258,31 @@ def _tree_moves(key, state: DDTState, X, num_subtree_moves: int, step_size):
     steps = step_size * (jnp.log(u_time) - jnp.log1p(-u_time))
     log_u = jnp.log(unif[num_subtree_moves + n - 1:])
     msg, _ = tree_messages(state.tree, X, state.sigma, state.noise)
+    surv = jnp.log1p(-state.tree.time)  # log1p(−t) per node, one entry updated per move
 
     def subtree_move(i, carry):
-        state, msg, acc = carry
+        state, msg, surv, acc = carry
         proposal, log_q, valid, sizes, root, starts = _subtree_proposal(
             u_node[i], jax.random.fold_in(k_walk, i), state)
-        (state, msg), ok = _metropolis(state, msg, proposal, sizes, root, starts, log_q, valid, log_u[i])
-        return state, msg, acc + ok.astype(jnp.int32)
+        # the re-attached node's new parent (starts[1], the freed node reused) has a new time
+        (state, msg, surv), ok = _metropolis(state, msg, surv, proposal, sizes, root, starts, log_q,
+                                             valid, log_u[i], starts[1])
+        return state, msg, surv, acc + ok.astype(jnp.int32)
 
     def time_move(j, carry):
-        state, msg, acc = carry
+        state, msg, surv, acc = carry
         proposal, log_q, valid = _time_proposal(steps[j], state, j)
         starts = jnp.stack([n + j, -1]).astype(jnp.int32)
-        (state, msg), ok = _metropolis(state, msg, proposal, state.sizes, root_of(state.tree), starts,
-                                       log_q, valid, log_u[num_subtree_moves + j])
-        return state, msg, acc + ok.astype(jnp.int32)
+        (state, msg, surv), ok = _metropolis(state, msg, surv, proposal, state.sizes, root_of(state.tree),
+                                             starts, log_q, valid, log_u[num_subtree_moves + j], n + j)
+        return state, msg, surv, acc + ok.astype(jnp.int32)
 
     zero = jnp.zeros((), jnp.int32)
     acc_sub = zero
     if num_subtree_moves > 0:
-        state, msg, acc_sub = lax.fori_loop(0, num_subtree_moves, subtree_move, (state, msg, zero))
-    state, msg, acc_time = lax.fori_loop(0, n - 1, time_move, (state, msg, zero))
+        state, msg, surv, acc_sub = lax.fori_loop(0, num_subtree_moves, subtree_move,
+                                                  (state, msg, surv, zero))
+    state, msg, surv, acc_time = lax.fori_loop(0, n - 1, time_move, (state, msg, surv, zero))
     return state, msg, acc_sub, acc_time
 
 
