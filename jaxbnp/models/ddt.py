@@ -169,12 +169,22 @@ def check_tree(tree: Any, num_points: int | None = None, name: str = "tree") -> 
 
 def log_divergence(t: jax.Array, c: jax.Array) -> jax.Array:
     """``log a(t) = log c − log(1−t)`` (docs/mathematics.md §5)."""
-    return jnp.log(c) - jnp.log1p(-t)
+    return _log_divergence_from(jnp.log1p(-t), c)
 
 
 def cumulative_divergence(t: jax.Array, c: jax.Array) -> jax.Array:
     """``A(t) = −c log(1−t)`` (docs/mathematics.md §5)."""
-    return -c * jnp.log1p(-t)
+    return _cumulative_divergence_from(jnp.log1p(-t), c)
+
+
+def _log_divergence_from(log_survival: jax.Array, c: jax.Array) -> jax.Array:
+    """:func:`log_divergence` from ``log_survival = log1p(−t)``."""
+    return jnp.log(c) - log_survival
+
+
+def _cumulative_divergence_from(log_survival: jax.Array, c: jax.Array) -> jax.Array:
+    """:func:`cumulative_divergence` from ``log_survival = log1p(−t)``."""
+    return -c * log_survival
 
 
 def harmonic_numbers(n: int, dtype=None) -> jax.Array:
@@ -266,9 +276,9 @@ def structure_log_prior_from(tree: Tree, c: jax.Array, sizes: jax.Array, log_sur
     harm = harmonic_numbers(n, dtype)[jnp.clip(m - 1, 0, n - 1)]
     log_gamma = _log_gamma_table(n, dtype)
     terms = (
-        (jnp.log(c) - ls)  # log_divergence(t, c)
+        _log_divergence_from(ls, c)
         + log_gamma[left] + log_gamma[right] - log_gamma[m]
-        - ((-c * ls) - (-c * ls_p)) * harm  # cumulative_divergence(t, c) − (tp, c)
+        - (_cumulative_divergence_from(ls, c) - _cumulative_divergence_from(ls_p, c)) * harm
     )
     valid = jnp.all((t > tp) & (t < 1.0)) & (c > 0)
     return jnp.where(valid, jnp.sum(terms), -jnp.inf)
