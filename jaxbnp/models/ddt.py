@@ -578,7 +578,7 @@ _WALK_BLOCK = 32
 
 def log_attachment_density(
     tree: Tree, sizes: jax.Array, root: jax.Array, u: jax.Array, t: jax.Array, c: jax.Array,
-    ancestors: jax.Array | None = None,
+    ancestors: jax.Array | None = None, log_survival: jax.Array | None = None,
 ) -> jax.Array:
     """Log density of :func:`sample_attachment` at ``(u, t)`` (edge above ``u``, time ``t``).
 
@@ -586,7 +586,11 @@ def log_attachment_density(
     (the branch probabilities telescope to ``m_u/m_root``). ``−inf`` when
     ``t`` is not on the edge. For a single leaf this equals the change of the
     structure term when the leaf is added (docs/mathematics.md §5), which the tests check.
-    ``ancestors``: the mask of ``u``'s ancestors, when already known.
+    ``ancestors``: the mask of ``u``'s ancestors, when already known. ``log_survival``:
+    ``log1p(−time)`` of every node, when already known (a sampler that keeps it up to date,
+    as :func:`structure_log_prior_from`'s callers do): the sum over the ancestors then takes
+    no logarithm, where it otherwise takes ``2 (2n − 1)``; the same value either way (the
+    entries that differ, zeros' signs, are masked out).
     """
     dtype = tree.time.dtype
     c = jnp.asarray(c, dtype)
@@ -594,7 +598,13 @@ def log_attachment_density(
     anc = ancestor_mask(tree.parent, u) if ancestors is None else ancestors
     tp = _parent_times(tree)
     # internal ancestors only: leaves (A(1) = inf) are never ancestors
-    seg = cumulative_divergence(jnp.where(anc, tree.time, 0.0), c) - cumulative_divergence(tp, c)
+    if log_survival is None:
+        seg = cumulative_divergence(jnp.where(anc, tree.time, 0.0), c) - cumulative_divergence(tp, c)
+    else:
+        p = tree.parent
+        ls_p = jnp.where(p >= 0, log_survival[jnp.maximum(p, 0)], jnp.zeros((), dtype))
+        seg = (_cumulative_divergence_from(jnp.where(anc, log_survival, 0.0), c)
+               - _cumulative_divergence_from(ls_p, c))
     m = jnp.maximum(sizes, 1).astype(dtype)
     above = jnp.sum(jnp.where(anc, seg / m, 0.0))
     m_u = m[u]

@@ -172,12 +172,14 @@ def subtree_proposal(unif: jax.Array, state: DDTState):
     return _subtree_proposal(unif[n, 0], unif[:n], state)[:3]
 
 
-def _subtree_proposal(u_node: jax.Array, walk, state: DDTState):
+def _subtree_proposal(u_node: jax.Array, walk, state: DDTState, log_survival=None):
     """:func:`subtree_proposal` with the node chosen by the uniform ``u_node`` and the new
     path driven by ``walk`` (uniforms or a key, as :func:`~jaxbnp.models.ddt.descend`),
     then ``(sizes', root', starts)``: the new tree's subtree sizes and root, and the two
     nodes from which :func:`~jaxbnp.models.ddt.refresh_messages` brings the messages up
-    to date (the detached node's old sibling's new parent and the new divergence node)."""
+    to date (the detached node's old sibling's new parent and the new divergence node).
+    ``log_survival``: ``log1p(−time)`` per node when the caller keeps it (the proposal
+    densities then take no logarithm over the nodes; the same values)."""
     tree, sizes, c = state.tree, state.sizes, state.c
     n = num_leaves(tree)
     root = root_of(tree)
@@ -189,8 +191,8 @@ def _subtree_proposal(u_node: jax.Array, walk, state: DDTState):
     sizes_rest = sizes - sizes[s] * anc.astype(jnp.int32)
     anc_u = anc.at[w].set(False)  # u's ancestors in the rest are w's ancestors
     u_new, t_new, path = descend(walk, rest, sizes_rest, root_rest, c)
-    log_q_back = log_attachment_density(rest, sizes_rest, root_rest, u, t_old, c, anc_u)
-    log_q_fwd = log_attachment_density(rest, sizes_rest, root_rest, u_new, t_new, c, path)
+    log_q_back = log_attachment_density(rest, sizes_rest, root_rest, u, t_old, c, anc_u, log_survival)
+    log_q_fwd = log_attachment_density(rest, sizes_rest, root_rest, u_new, t_new, c, path, log_survival)
     new_tree, new_root = attach(rest, root_rest, s, u_new, t_new, w)
     # w and the new ancestors (the path down to u_new) hold s's leaves again
     new_sizes = (sizes_rest + sizes[s] * path.astype(jnp.int32)).at[w].set(sizes_rest[u_new] + sizes[s])
@@ -263,7 +265,7 @@ def _tree_moves(key, state: DDTState, X, num_subtree_moves: int, step_size):
     def subtree_move(i, carry):
         state, msg, surv, acc = carry
         proposal, log_q, valid, sizes, root, starts = _subtree_proposal(
-            u_node[i], jax.random.fold_in(k_walk, i), state)
+            u_node[i], jax.random.fold_in(k_walk, i), state, surv)
         # the re-attached node's new parent (starts[1], the freed node reused) has a new time
         (state, msg, surv), ok = _metropolis(state, msg, surv, proposal, sizes, root, starts, log_q,
                                              valid, log_u[i], starts[1])
