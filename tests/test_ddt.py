@@ -257,7 +257,12 @@ def test_attachment_density_is_the_change_of_the_structure_term():
             if live[v]:
                 a, b = np.asarray(current.children)[v - n]
                 sizes[v] = sizes[a] + sizes[b]
-        total += float(density(current, jnp.asarray(sizes), root, det.siblings[j], det.times[j], 0.8))
+        step = density(current, jnp.asarray(sizes), root, det.siblings[j], det.times[j], 0.8)
+        # the sampler's form, from the cached log1p(-time) of every node: the same value, exactly
+        cached = density(current, jnp.asarray(sizes), root, det.siblings[j], det.times[j], 0.8,
+                         log_survival=jnp.log1p(-current.time))
+        assert float(cached) == float(step), (float(cached), float(step))
+        total += float(step)
         current, root = _attach(current, root, leaf, det.siblings[j], det.times[j], det.freed[j])
         in_tree = in_tree.at[leaf].set(True).at[det.freed[j]].set(True)
     assert _same_tree(current, tree)

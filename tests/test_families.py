@@ -599,7 +599,8 @@ def test_normal_wishart_rank_one_updates_match_recomputation():
 
 @pytest.mark.parametrize("d", [1, 3, 8, 10])
 def test_normal_wishart_pairwise_predictive_equals_one_point_at_a_time(d):
-    """log_predictive_pairwise (written-out quadratic form for d <= 8, einsum above) equals
+    """log_predictive_pairwise (written-out quadratic form for d <= 8, a product with the
+    clusters' Cholesky factors of Ψ_n⁻¹ above) equals
     log_predictive_from_params point by point, and the generic Family default agrees."""
     rng = np.random.default_rng(d)
     family = bnp.NormalWishart(np.zeros(d), 0.4, d + 2.0, np.eye(d) * 0.5)
@@ -630,6 +631,17 @@ def test_normal_wishart_removed_predictive_equals_predictive_of_the_cluster_with
         want = family.log_predictive_from_params(x, rest)
         np.testing.assert_allclose(family.log_predictive_removed(full, x), want, rtol=1e-9)
         np.testing.assert_allclose(family.log_predictive_removed(full, x, norms[size]), want, rtol=1e-9)
+    # batched as MAP-DP's block step calls it: every point of several clusters at once, with
+    # its own cluster's parameters gathered
+    X = jnp.asarray(rng.normal(size=(30, d)) * 1.5)
+    labels = jnp.asarray(rng.integers(0, 4, 30), jnp.int32)
+    stats = family.stats_from_labels(X, labels, 4)
+    params = family.predictive_params(stats)
+    got = family.log_predictive_removed(jax.tree.map(lambda p: p[labels], params), X,
+                                        family.removed_norms(jnp.round(stats.n[labels]).astype(jnp.int32)))
+    own = jax.tree.map(lambda s, p: s[labels] - p, stats, family.point_stats(X))
+    want = jax.vmap(family.log_predictive_from_params)(X, family.predictive_params(own))
+    np.testing.assert_allclose(got, want, rtol=1e-9)
 
 
 @pytest.mark.parametrize("d", [1, 2, 3, 6, 8, 9])
