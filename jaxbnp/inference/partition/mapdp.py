@@ -685,7 +685,9 @@ def predict_log_weights(
     log_existing, log_new = measure.gibbs_log_weights(clusters.counts)
     params = family.predictive_params(clusters.stats)
     prior_params = family.prior_predictive_params(X_new.shape[1], X_new.dtype)
-    log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, params))(X_new)
+    # every point against every cluster (NormalWishart: one matrix product with the clusters'
+    # Cholesky factors; the other families' default is this vmap of one point's predictive)
+    log_pred = family.log_predictive_pairwise(X_new, params)
     log_prior = jax.vmap(lambda x: family.log_predictive_from_params(x, prior_params)[0])(X_new)
     existing = jnp.where(clusters.counts > 0, log_existing + log_pred, -jnp.inf)
     return existing, log_new + log_prior
