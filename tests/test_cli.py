@@ -70,7 +70,14 @@ def test_compilation_cache_second_run_compiles_nothing_new(tmp_path):
     # the runner's sampling loop is among them: the CLI's kernels put no host callback in it
     assert any(name.startswith("jit_advance") for name in first), first
     assert _run_cli(*args, cwd=tmp_path, env=env).returncode == 0
-    assert _cache_files(cache) == first
+    second = _cache_files(cache)
+    assert set(first) <= set(second)
+    # nothing new of the library's: a second run may only write one of JAX's own small helper
+    # programs (``jit__threefry_fold_in``: private names, ``jit__...``) whose compilation took
+    # under the cache's 0.1 s threshold in the first run and just over it in the second on a
+    # loaded machine (seen once in a fresh clone's suite)
+    new = sorted(set(second) - set(first))
+    assert all(name.startswith("jit__") for name in new), new
     off = tmp_path / "off"
     assert _run_cli(*args, "--no-compile-cache", cwd=tmp_path, env={**env, "JAXBNP_CACHE_DIR": str(off)}).returncode == 0
     assert _cache_files(off) == []
