@@ -239,10 +239,15 @@ def _ancestors_step(parent, carry, active):
             mask.at[jnp.where(active, cur, DROP)].set(True, mode="drop"))
 
 
+def _at_parent(tree: Tree, values: jax.Array) -> jax.Array:
+    """``values`` of every node's parent (``0`` at the root and at detached nodes)."""
+    p = tree.parent
+    return jnp.where(p >= 0, values[jnp.maximum(p, 0)], jnp.zeros((), values.dtype))
+
+
 def _parent_times(tree: Tree) -> jax.Array:
     """``t_p(v)`` for every node (``0`` at the root)."""
-    p = tree.parent
-    return jnp.where(p >= 0, tree.time[jnp.maximum(p, 0)], jnp.zeros((), tree.time.dtype))
+    return _at_parent(tree, tree.time)
 
 
 # ------------------------------------------------------------------------- structure term
@@ -268,9 +273,8 @@ def structure_log_prior_from(tree: Tree, c: jax.Array, sizes: jax.Array, log_sur
     c = jnp.asarray(c, dtype)
     t = tree.time[n:]
     tp = _parent_times(tree)[n:]
-    p = tree.parent[n:]
     ls = log_survival[n:]
-    ls_p = jnp.where(p >= 0, log_survival[jnp.maximum(p, 0)], jnp.zeros((), dtype))  # log1p(−0) at the root
+    ls_p = _at_parent(tree, log_survival)[n:]  # log1p(−0) = 0 at the root
     m = sizes[n:]
     left, right = sizes[tree.children[:, 0]], sizes[tree.children[:, 1]]
     harm = harmonic_numbers(n, dtype)[jnp.clip(m - 1, 0, n - 1)]
@@ -601,10 +605,8 @@ def log_attachment_density(
     if log_survival is None:
         seg = cumulative_divergence(jnp.where(anc, tree.time, 0.0), c) - cumulative_divergence(tp, c)
     else:
-        p = tree.parent
-        ls_p = jnp.where(p >= 0, log_survival[jnp.maximum(p, 0)], jnp.zeros((), dtype))
         seg = (_cumulative_divergence_from(jnp.where(anc, log_survival, 0.0), c)
-               - _cumulative_divergence_from(ls_p, c))
+               - _cumulative_divergence_from(_at_parent(tree, log_survival), c))
     m = jnp.maximum(sizes, 1).astype(dtype)
     above = jnp.sum(jnp.where(anc, seg / m, 0.0))
     m_u = m[u]

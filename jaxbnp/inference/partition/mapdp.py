@@ -213,24 +213,25 @@ def block_proposal(
     data-parallel sweep of :mod:`jaxbnp.inference.sharded`.
     """
     capacity = counts.shape[0]
-    ps = family.point_stats(xb)
     one_hot = jax.nn.one_hot(own, capacity, dtype=counts.dtype)
     counts_minus = counts[None, :] - one_hot
     log_existing, log_new = jax.vmap(lambda c: measure.gibbs_log_weights(c))(counts_minus)
     params = family.predictive_params(stats)
+    # every point against every cluster (NormalWishart: one matrix product with the clusters'
+    # Cholesky factors; the other families' default is a vmap of one point's predictive)
+    log_pred = family.log_predictive_pairwise(xb, params)
     if hasattr(family, "log_predictive_removed"):
-        # (NormalWishart) every cluster at once, and the own cluster without the point by
-        # a rank-one downdate of its cached parameters: one quadratic form per point instead
-        # of a Cholesky factorisation per point (docs/mathematics.md §2)
-        log_pred = family.log_predictive_pairwise(xb, params)
+        # (NormalWishart) the own cluster without the point by a rank-one downdate of its
+        # cached parameters: one quadratic form per point instead of a Cholesky
+        # factorisation per point (docs/mathematics.md §2)
         own_params = jax.tree.map(lambda p: p[own], params)
         own_pred = family.log_predictive_removed(own_params, xb, family.removed_norms(counts[own]))
         # an outlier so far from its own cluster that the downdate's 1 - r q / (r - 1)
         # rounds to <= 0 leaves it (NaN otherwise); the block's NLL check stays exact
         own_pred = jnp.where(jnp.isnan(own_pred), -jnp.inf, own_pred)
     else:
-        log_pred = jax.vmap(lambda x: family.log_predictive_from_params(x, params))(xb)
         # own cluster with the point left out
+        ps = family.point_stats(xb)
         own_stats = jax.tree.map(lambda s, p: s[own] - p, stats, ps)
         own_params = family.predictive_params(own_stats)
         own_pred = jax.vmap(
