@@ -13,7 +13,9 @@ from numpyro.infer import MCMC
 
 from jaxbnp import metrics
 from jaxbnp.errors import CapacityError
+from jaxbnp.inference.bhmc import fit as bhmc_fit
 from jaxbnp.inference.bhmc import sampler as bhmc
+from jaxbnp.inference.bhmc import start as bhmc_start
 from jaxbnp.models import nested
 
 FAST = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
@@ -246,7 +248,7 @@ def test_ward_start_is_a_nested_tree(depth, monkeypatch):
     centres = np.repeat(rng.normal(0, 10, (9, 2)), 20, axis=0)
     X = centres + rng.normal(size=centres.shape)
     for sample in (10_000, 50):
-        monkeypatch.setattr(bhmc, "WARD_SAMPLE", sample)
+        monkeypatch.setattr(bhmc_start, "WARD_SAMPLE", sample)
         paths, c = bhmc.ward_start(X, depth, 9)
         assert paths.shape == (180, depth) and c.shape == (180,)
         full = np.concatenate([np.zeros((180, 1), int), paths], axis=1)
@@ -297,7 +299,7 @@ def test_fit_starts_from_given_paths_and_components():
     group = np.arange(20) // 10
     paths = np.stack([group + 7, np.arange(20) % 2], axis=1)  # leaf id 0/1 reused under both groups
     c = 5 * group + 40
-    out, comps = bhmc._given_start((paths, c), 20, 2)
+    out, comps = bhmc_fit._given_start((paths, c), 20, 2)
     np.testing.assert_array_equal(out[:, 0], 1 + group)
     assert len(np.unique(out[:, 1])) == 4 and out[:, 1].min() == 3  # four leaves, numbered after level 1
     np.testing.assert_array_equal(comps, group)

@@ -34,7 +34,12 @@ import pytest
 from numpyro import handlers
 from scipy import stats
 
+from jaxbnp.inference.bhmc import model as bhmc_model
+from jaxbnp.inference.bhmc import paths as bhmc_paths
+from jaxbnp.inference.bhmc import regraft as bhmc_regraft
 from jaxbnp.inference.bhmc import sampler as bhmc
+from jaxbnp.inference.bhmc import split_merge as bhmc_split_merge
+from jaxbnp.inference.bhmc import start as bhmc_start
 from jaxbnp.models import nested
 
 FAST = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
@@ -207,7 +212,7 @@ def test_geweke_power_dropped_proposal_ratio(geweke_setup, monkeypatch):
     def broken(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back):
         return (lik_new + prior_new) - (lik_old + prior_old)  # the nCRP proposal ratio dropped
 
-    monkeypatch.setattr(bhmc, "log_acceptance", broken)
+    monkeypatch.setattr(bhmc_paths, "log_acceptance", broken)
     chain = make_geweke_run(CONFIG_MH)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
     pvals = compare(forward, chain)
     print("Geweke p-values, broken kernel:", pvals)
@@ -224,7 +229,7 @@ def test_geweke_power_path_gibbs_with_wrong_new_branch_weight(geweke_setup, monk
         return exact(key, parent, depth, old, count_minus, log_beta, logf, logf_star, 3.0 * alpha,
                      gamma, config)
 
-    monkeypatch.setattr(bhmc, "path_gibbs", broken)
+    monkeypatch.setattr(bhmc_paths, "path_gibbs", broken)
     chain = make_geweke_run(CONFIG)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
     pvals = compare(forward, chain)
     print("Geweke p-values, broken path Gibbs:", pvals)
@@ -241,7 +246,7 @@ def test_geweke_power_regraft_with_wrong_new_branch_weight(geweke_setup, monkeyp
     def broken(z, state, config):
         return exact(z, state._replace(alpha=3.0 * state.alpha), config)
 
-    monkeypatch.setattr(bhmc, "regraft_log_prior", broken)
+    monkeypatch.setattr(bhmc_regraft, "regraft_log_prior", broken)
     config = CONFIG_ALL._replace(split_merge=0)  # the move under test and the updates it needs
     chain = make_geweke_run(config)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
     pvals = compare(forward, chain)
@@ -260,7 +265,7 @@ def test_geweke_power_split_merge_with_wrong_ratio(geweke_setup, monkeypatch):
         log_ratio, in_b = exact(*args)
         return log_ratio + jnp.log(3.0), in_b
 
-    monkeypatch.setattr(bhmc, "split_merge_log_ratio", broken)
+    monkeypatch.setattr(bhmc_split_merge, "split_merge_log_ratio", broken)
     chain = make_geweke_run(CONFIG_SM)(jax.random.split(jax.random.key(12), NUM_CHAINS), start)
     pvals = compare(forward, chain)
     print("Geweke p-values, broken split-merge:", pvals)
@@ -291,7 +296,7 @@ def _path_gibbs_setup(seed=3):
     c = jnp.asarray([0, 0, 1, 1, 2, 2], jnp.int32)
     theta = jnp.asarray([[-1.9], [0.2], [2.1], [0.0], [0.0], [0.0]])
     log_beta = jnp.full((12, 7), -jnp.inf)
-    state = bhmc._assemble(paths, c, theta, log_beta, hyper.alpha, hyper.gamma0, hyper.gamma, X, model,
+    state = bhmc_start._assemble(paths, c, theta, log_beta, hyper.alpha, hyper.gamma0, hyper.gamma, X, model,
                            config)
     state = bhmc.update_beta(jax.random.key(seed), state, config)
     return state, X, model, config, hyper
@@ -307,11 +312,11 @@ def test_path_gibbs_matches_enumeration():
     state, X, model, config, hyper = _path_gibbs_setup()
     n, K = 2, 6
     x = X[n]
-    old = bhmc._full_path(state.paths[n])
+    old = bhmc_model.full_path(state.paths[n])
     count_minus = state.count.at[old].add(-1)
-    logf = jnp.where(state.comp_active, bhmc._mvn_logpdf(x[None, :], state.theta, model.chol_sigma),
+    logf = jnp.where(state.comp_active, bhmc_model.mvn_logpdf(x[None, :], state.theta, model.chol_sigma),
                      -jnp.inf)
-    logf_star = bhmc._mvn_logpdf(x[None, :], model.mu0, model.chol_marginal)[0]
+    logf_star = bhmc_model.mvn_logpdf(x[None, :], model.mu0, model.chol_marginal)[0]
     lb = np.asarray(state.log_beta, np.float64)
 
     def lik(row):
@@ -373,7 +378,7 @@ def _tree_state(paths, c, depth, seed=3, K=6, M=24):
     X = jnp.asarray(np.linspace(-2.0, 2.0, n)[:, None])
     theta = jnp.zeros((K, 1))
     log_beta = jnp.full((M, K + 1), -jnp.inf)
-    state = bhmc._assemble(jnp.asarray(paths, jnp.int32), jnp.asarray(c, jnp.int32), theta, log_beta,
+    state = bhmc_start._assemble(jnp.asarray(paths, jnp.int32), jnp.asarray(c, jnp.int32), theta, log_beta,
                            hyper.alpha, hyper.gamma0, hyper.gamma, X, model, config)
     state = bhmc.update_beta(jax.random.key(seed), state, config)
     return state, config, hyper
@@ -464,7 +469,7 @@ def test_regraft_log_weights_match_the_joint(case):
     print("places", cand, "weights", g.round(4), "joint", w.round(4))
     np.testing.assert_allclose(g, w, atol=1e-4)
     # the present place is among the candidates
-    _, _, cur = bhmc._subtree_place(z, state, config)
+    _, _, cur = bhmc_regraft._subtree_place(z, state, config)
     assert int(cur) in cand
 
 
