@@ -9,6 +9,7 @@
 * the package's files cite the repository's own pages (docs/), never
   MATH.md or ARCHITECTURE.md;
 * every jaxbnp module imported exists;
+* no library file over ``MAX_FILE_LINES`` (1,000) lines;
 * ``[project] dependencies`` are what the package imports at import time (an
   import inside a function, or one guarded by ``except ImportError``, may come
   from an extra).
@@ -185,6 +186,21 @@ def test_imported_modules_exist():
         if _is_under(name, PACKAGE) and name not in MODULES
     ]
     assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
+
+
+MAX_FILE_LINES = 1000  # issue #39: no library file over a thousand lines
+
+
+def _long_files(modules: dict, limit: int) -> list[str]:
+    return [f"{path.relative_to(ROOT)}: {n} lines"
+            for path in modules.values()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > limit]
+
+
+def test_no_library_file_over_a_thousand_lines():
+    assert _long_files({"this file": Path(__file__)}, 10), "the check sees a long file"
+    long = _long_files(MODULES, MAX_FILE_LINES)
+    assert not long, "split these files:\n" + "\n".join(long)
 
 
 def test_no_import_cycle():

@@ -12,6 +12,7 @@ import pytest
 from scipy.special import logsumexp
 
 from jaxbnp.inference.tgmcmc import ibhc as ib
+from jaxbnp.inference.tgmcmc import proposals as prop
 from jaxbnp.models.families import NormalGamma, NormalWishart
 from jaxbnp.models.measures import DP, NGGP, PitmanYor
 
@@ -277,7 +278,7 @@ def test_sample_sub_probabilities_enumerate_and_match_draws():
     log_d = np.array([v.log_d for v in nodes])
     eps = np.exp(np.max(log_d))
     for internal_only in (False, True):
-        log_p = np.array([ib.sample_sub_log_prob(root, v, internal_only=internal_only) for v in nodes])
+        log_p = np.array([prop.sample_sub_log_prob(root, v, internal_only=internal_only) for v in nodes])
         np.testing.assert_allclose(np.sum(np.exp(log_p)), 1.0, rtol=1e-12)
         weights = np.exp(log_d) + eps  # leaves: d = 0, weight ε
         if internal_only:
@@ -286,22 +287,22 @@ def test_sample_sub_probabilities_enumerate_and_match_draws():
         rng = np.random.default_rng(3)
         counts = np.zeros(len(nodes))
         for _ in range(400):
-            draw = ib.sample_sub(rng, root, internal_only=internal_only)
-            assert draw.log_prob == ib.sample_sub_log_prob(root, draw.node, internal_only=internal_only)
+            draw = prop.sample_sub(rng, root, internal_only=internal_only)
+            assert draw.log_prob == prop.sample_sub_log_prob(root, draw.node, internal_only=internal_only)
             counts[[k for k, v in enumerate(nodes) if v is draw.node][0]] += 1
             if internal_only:
                 assert not draw.node.is_leaf
         assert np.max(np.abs(counts / 400 - np.exp(log_p))) < 0.08
     # a subtree can be the root of a further draw (local moves); a leaf is drawn with probability 1
     sub = root.right
-    assert _contains_all(sub, ib.sample_sub(0, sub).node)
+    assert _contains_all(sub, prop.sample_sub(0, sub).node)
     leaf = [v for v in root.nodes() if v.is_leaf][0]
-    assert ib.sample_sub(0, leaf) == (leaf, 0.0)
+    assert prop.sample_sub(0, leaf) == (leaf, 0.0)
     with pytest.raises(ValueError):
-        ib.sample_sub(0, leaf, internal_only=True)
-    assert ib.sample_sub_log_prob(root, leaf, internal_only=True) == -math.inf
+        prop.sample_sub(0, leaf, internal_only=True)
+    assert prop.sample_sub_log_prob(root, leaf, internal_only=True) == -math.inf
     with pytest.raises(ValueError):
-        ib.sample_sub_log_prob(sub, root.left)
+        prop.sample_sub_log_prob(sub, root.left)
 
 
 def _contains_all(root, node):
@@ -321,14 +322,14 @@ def test_stoc_insert_probabilities_enumerate_and_match_draws(name):
     model = ib.TreeModel(X_SMALL, measure, FAMILY, u)
     S, c = _stoc_setup(model)
     choices = [0, 1, 2, None]
-    log_p = np.array([ib.stoc_insert_log_prob(model, S, c, j) for j in choices])
+    log_p = np.array([prop.stoc_insert_log_prob(model, S, c, j) for j in choices])
     np.testing.assert_allclose(np.sum(np.exp(log_p)), 1.0, rtol=1e-12)
     inv_d = np.exp(-np.array([model.log_dissimilarity(t, c) for t in S]))
     np.testing.assert_allclose(np.exp(log_p), np.append(inv_d, 1.0) / (1.0 + inv_d.sum()), rtol=1e-10)
     seen = set()
     for seed in range(12):
         S_copy, c_copy = [ib.copy_tree(t) for t in S], ib.copy_tree(c)
-        out = ib.stoc_insert(model, seed, S_copy, c_copy)
+        out = prop.stoc_insert(model, seed, S_copy, c_copy)
         seen.add(out.choice)
         assert out.log_prob == pytest.approx(log_p[choices.index(out.choice)], rel=1e-12)
         assert len(out.trees) == (4 if out.choice is None else 3)
@@ -355,13 +356,13 @@ def test_merge_reverse_probability_eq12():
     assert merged.left.right is ordered[2] and merged.right is ordered[3]
     _assert_consistent(model, merged)
     c_star = ordered[0].parent
-    assert ib.sample_sub_log_prob(merged, c_star, internal_only=True) < 0
+    assert prop.sample_sub_log_prob(merged, c_star, internal_only=True) < 0
     S, Q = ib.cut_at(c_star)
     assert S == ordered[:2] and Q == ordered[2:]
     log_q = 0.0
     expected = 0.0
     for i, ci in enumerate(Q):
-        log_q += ib.stoc_insert_log_prob(model, S, ci, None)
+        log_q += prop.stoc_insert_log_prob(model, S, ci, None)
         inv_d = sum(np.exp(-model.log_dissimilarity(t, ci)) for t in S)
         expected += -np.log1p(inv_d)
         S = S + [ci]
@@ -456,9 +457,9 @@ def test_bad_input_raises_value_error():
     with pytest.raises(ValueError):
         ib.cascade(model, [])
     with pytest.raises(ValueError, match="out of range"):
-        ib.stoc_insert_log_prob(model, [pair], lf[2], 1)
+        prop.stoc_insert_log_prob(model, [pair], lf[2], 1)
     with pytest.raises(ValueError, match="already"):
-        ib.stoc_insert(model, 0, [pair, lf[2]], lf[2])
+        prop.stoc_insert(model, 0, [pair, lf[2]], lf[2])
     with pytest.raises(ValueError, match="cover"):
         ib.forest_labels([pair], 6)
     with pytest.raises(ValueError, match="repeated"):

@@ -346,7 +346,7 @@ def preorder(pool: Pool, root):
 
 
 def _sample_sub_log_probs(log_d):
-    """SampleSub over the internal nodes of a tree (``ibhc.sample_sub(internal_only=True)``):
+    """SampleSub over the internal nodes of a tree (``proposals.sample_sub(internal_only=True)``):
     ``log`` probability per entry of ``preorder``'s order, from its ``log_d``
     (``-inf`` for leaves and padding)."""
     valid = log_d > -jnp.inf

@@ -30,13 +30,11 @@ from .ibhc import (
     ibhc,
     logsumexp,
     sample_index,
-    sample_sub_distribution,
     seq_insert,
     sequential_tree_host,
     sequential_tree_jax,
-    stoc_insert,
-    stoc_insert_log_prob,
 )
+from .proposals import sample_sub_distribution, stoc_insert, stoc_insert_log_prob
 
 __all__ = [
     "TreeGuidedHost",

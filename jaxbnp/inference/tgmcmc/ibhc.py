@@ -32,10 +32,9 @@ Operations
     IBHC: points inserted one at a time in a given order (Steps 1-3).
 ``bhc``
     Deterministic greedy BHC (merge the pair with the smallest ``d`` while it is ≤ 1).
-``sample_sub`` / ``sample_sub_log_prob``
-    SampleSub (supplement A, Fig. 6): a subtree with probability ``∝ d + ε``.
-``stoc_insert`` / ``stoc_insert_log_prob``
-    StocInsert (paper 3.1, supplement A, Fig. 7).
+``sample_sub``, ``stoc_insert`` and their log probabilities
+    SampleSub (supplement A, Fig. 6) and StocInsert (paper 3.1, supplement A, Fig. 7), in
+    :mod:`jaxbnp.inference.tgmcmc.proposals`.
 ``cut_at``, ``cascade``, ``detach``, ``cut_host_tree``
     The tree edits of the global and local moves (supplement B, C).
 
@@ -48,7 +47,8 @@ Example
 >>> import numpy as np
 >>> from jaxbnp.models.measures import DP
 >>> from jaxbnp.models.families import NormalGamma
->>> from jaxbnp.inference.tgmcmc.ibhc import ibhc, sample_sub
+>>> from jaxbnp.inference.tgmcmc.ibhc import ibhc
+>>> from jaxbnp.inference.tgmcmc.proposals import sample_sub
 >>> X = np.array([[0.0], [0.1], [-0.1], [10.0], [10.1], [9.9]])
 >>> forest = ibhc(X, DP(1.0), NormalGamma(0.0, 0.01, 1.0, 0.1))
 >>> forest.labels.tolist()
@@ -66,7 +66,7 @@ import functools
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -81,8 +81,6 @@ __all__ = [
     "Node",
     "TreeModel",
     "HostForest",
-    "SampleSubResult",
-    "StocInsertResult",
     "seq_insert",
     "sequential_tree",
     "sequential_tree_jax",
@@ -90,13 +88,8 @@ __all__ = [
     "cut_host_tree",
     "logsumexp",
     "sample_index",
-    "sample_sub_distribution",
     "ibhc",
     "bhc",
-    "sample_sub",
-    "sample_sub_log_prob",
-    "stoc_insert",
-    "stoc_insert_log_prob",
     "cut_at",
     "cascade",
     "detach",
@@ -106,7 +99,7 @@ __all__ = [
 
 _MIN_BATCH = 4
 #: levels below each tree of S whose unions with the inserted tree StocInsert evaluates at once
-_PREFETCH_LEVELS = 4
+PREFETCH_LEVELS = 4
 
 
 # ----------------------------------------------------------------------------- batched JAX math
@@ -244,7 +237,7 @@ class Node:
         return f"{kind}(index={self.index}, size={self.size}, log_d={self.log_d:.4g})"
 
 
-def _require_root(node: Node, name: str) -> None:
+def require_root(node: Node, name: str) -> None:
     if not isinstance(node, Node):
         raise ValueError(f"{name} must be a Node, got {type(node).__name__}.")
     if node.parent is not None:
@@ -254,7 +247,7 @@ def _require_root(node: Node, name: str) -> None:
         )
 
 
-def _contains(root: Node, node: Node) -> bool:
+def contains(root: Node, node: Node) -> bool:
     v = node
     while v is not None:
         if v is root:
@@ -462,8 +455,8 @@ class TreeModel:
 
     def merge(self, a: Node, b: Node) -> Node:
         """A new root with children ``a`` (left) and ``b`` (right); both must be roots."""
-        _require_root(a, "a")
-        _require_root(b, "b")
+        require_root(a, "a")
+        require_root(b, "b")
         if a is b:
             raise ValueError("cannot merge a tree with itself.")
         log_lik, log_h = self._union_potentials(a, [b])
@@ -505,7 +498,7 @@ class TreeModel:
 
 
 # ----------------------------------------------------------------------------- SeqInsert
-def _seq_insert(
+def seq_insert_path(
     model: TreeModel, root: Node, s: Node, top: tuple[float, float] | None = None
 ) -> tuple[Node, list[Node]]:
     """SeqInsert; returns the new root and the nodes whose potentials changed (top-down).
@@ -513,8 +506,8 @@ def _seq_insert(
     ``top`` optionally gives ``(log P, log φ(h))`` of ``root ∪ s`` when already known.
     The last element of the returned path is the new node joining ``s``.
     """
-    _require_root(root, "root")
-    _require_root(s, "s")
+    require_root(root, "root")
+    require_root(s, "s")
     if root is s:
         raise ValueError("cannot insert a tree into itself.")
     c = root
@@ -581,7 +574,7 @@ def seq_insert(model: TreeModel, root: Node, s: Node) -> Node:
     Both trees are modified in place (``s`` becomes a subtree). One batched
     JAX call per level visited.
     """
-    return _seq_insert(model, root, s)[0]
+    return seq_insert_path(model, root, s)[0]
 
 
 # ----------------------------------------------------------------------------- tree edits
@@ -617,7 +610,7 @@ def cascade(model: TreeModel, trees: Sequence[Node]) -> Node:
     if len(trees) == 0:
         raise ValueError("cascade needs at least one tree.")
     for t in trees:
-        _require_root(t, "every tree")
+        require_root(t, "every tree")
     if len({id(t) for t in trees}) != len(trees):
         raise ValueError("cascade: the same tree was passed twice.")
     ordered = sorted(trees, key=lambda t: t.index)
@@ -698,7 +691,7 @@ def cut_host_tree(root: Node) -> list[Node]:
     A node with ``d ≤ 1`` (or a leaf) is a cluster; a node with ``d > 1`` is
     destroyed and its children are examined. Returns the cluster trees (roots).
     """
-    _require_root(root, "root")
+    require_root(root, "root")
     clusters, stack = [], [root]
     while stack:
         v = stack.pop()
@@ -907,7 +900,7 @@ def ibhc(
             if log_d[k] > 0.0:
                 forest.append(s)
                 continue
-            root, path = _seq_insert(model, forest[k], s, (float(log_lik[k]), float(log_h[k])))
+            root, path = seq_insert_path(model, forest[k], s, (float(log_lik[k]), float(log_h[k])))
             forest[k] = root
             violating = [v for v in path if v.log_d > 0.0]
             if violating and num_splits < max_splits:
@@ -967,153 +960,3 @@ def bhc(X: Any, measure: Measure, family: Family, u: Any = None) -> HostForest:
         active.add(next_slot)
         next_slot += 1
     return _make_forest(model, [slots[a] for a in active])
-
-
-# ----------------------------------------------------------------------------- SampleSub
-class SampleSubResult(NamedTuple):
-    """The drawn subtree and ``log`` of the probability of drawing it."""
-
-    node: Node
-    log_prob: float
-
-
-def sample_sub_distribution(root: Node, internal_only: bool) -> tuple[list[Node], np.ndarray]:
-    if not isinstance(root, Node):
-        raise ValueError(f"root must be a Node, got {type(root).__name__}.")
-    nodes = root.nodes()
-    internal = np.array([not v.is_leaf for v in nodes])
-    if not internal.any():
-        if internal_only:
-            raise ValueError(
-                "SampleSub with internal_only=True needs a tree with an internal node (this is a leaf)."
-            )
-        return nodes, np.zeros(1)
-    log_d = np.array([v.log_d for v in nodes])  # −inf (d = 0) for leaves
-    log_eps = float(np.max(log_d[internal]))  # ε = max d over the internal nodes
-    log_w = np.logaddexp(log_d, log_eps)  # log(d + ε); leaves: log ε
-    if internal_only:
-        log_w = np.where(internal, log_w, -np.inf)
-    return nodes, log_w - logsumexp(log_w)
-
-
-def sample_sub(
-    rng: Any, root: Node, *, internal_only: bool = False
-) -> SampleSubResult:
-    """SampleSub(c): draw a subtree ``t_c'`` of ``t_c`` with probability ``∝ d(l(c'), r(c')) + ε``.
-
-    Supplement A, Fig. 6: a categorical over **all** nodes of the tree rooted
-    at ``root`` (``root`` may be any node, e.g. a previous draw, as in the
-    local moves); ``ε`` is the largest ``d`` among the tree's internal nodes
-    and leaves have ``d = 0``, so a leaf's weight is ``ε``. A one-leaf tree
-    returns that leaf with probability 1.
-
-    ``internal_only=True`` (the split move, paper footnote 1) restricts the
-    draw to internal nodes, weights ``d + ε`` with the same ``ε``, renormalised
-    (the paper does not say whether ``ε`` is kept there; it is).
-
-    :param rng: ``numpy.random.Generator`` or seed.
-    :returns: ``SampleSubResult(node, log_prob)``; ``log_prob`` equals
-        ``sample_sub_log_prob(root, node, internal_only=...)``.
-    """
-    rng = np.random.default_rng(rng)
-    nodes, log_p = sample_sub_distribution(root, internal_only)
-    j = sample_index(rng, log_p)
-    return SampleSubResult(nodes[j], float(log_p[j]))
-
-
-def sample_sub_log_prob(root: Node, target: Node, *, internal_only: bool = False) -> float:
-    """``log`` probability that ``sample_sub`` on ``root`` draws ``target``.
-
-    The reverse-move form SampleSub(c, c', p) of supplement A.
-
-    ``−inf`` for a leaf when ``internal_only``. Raises ``ValueError`` if
-    ``target`` is not in the tree rooted at ``root``.
-    """
-    if not isinstance(target, Node) or not _contains(root, target):
-        raise ValueError("target is not a node of the tree rooted at root.")
-    nodes, log_p = sample_sub_distribution(root, internal_only)
-    for v, lp in zip(nodes, log_p):
-        if v is target:
-            return float(lp)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-# ----------------------------------------------------------------------------- StocInsert
-class StocInsertResult(NamedTuple):
-    """Outcome of ``stoc_insert``.
-
-    ``trees``: the new list of trees (the chosen entry replaced by its new
-    root, or ``c`` appended); ``choice``: index into the input ``trees`` or
-    ``None`` for "new tree"; ``log_prob``: ``log`` of the probability of that
-    choice.
-    """
-
-    trees: list[Node]
-    choice: int | None
-    log_prob: float
-
-
-def _stoc_insert_log_probs(model: TreeModel, trees: Sequence[Node], c: Node):
-    _require_root(c, "c")
-    for t in trees:
-        _require_root(t, "every tree in S")
-        if t is c:
-            raise ValueError("c is already one of the trees in S.")
-    if len({id(t) for t in trees}) != len(trees):
-        raise ValueError("S contains the same tree twice.")
-    # the unions with the nodes of each tree's top levels too, in the same call: they land
-    # in the memo, where the levels of the SeqInsert that follows find them (one NumPy call
-    # costs about 100 µs whatever its length; a descent that goes deeper evaluates the rest)
-    below, level = [], list(trees)
-    for _ in range(_PREFETCH_LEVELS):
-        level = [v for t in level if not t.is_leaf for v in (t.left, t.right)]
-        below += level
-    log_lik, log_h = model._union_potentials(c, list(trees) + below)
-    log_lik, log_h = log_lik[:len(trees)], log_h[:len(trees)]
-    log_d = c.log_t + np.array([t.log_t for t in trees], dtype=np.float64) - log_h
-    log_w = np.concatenate([-log_d, [0.0]])  # d^-1(c', c) for each c' ∈ S, then 1 for "new"
-    return log_w - logsumexp(log_w), log_lik, log_h
-
-
-def stoc_insert(model: TreeModel, rng: Any, trees: Sequence[Node], c: Node) -> StocInsertResult:
-    """StocInsert(S, c): insert tree ``c`` into one of the trees of ``S``, or keep it apart.
-
-    Paper section 3.1 and supplement A, Fig. 7: ``c`` goes into ``c' ∈ S`` (by
-    ``seq_insert``) with probability ``d⁻¹(c', c) / (1 + Σ_{c''∈S} d⁻¹(c'', c))``,
-    and becomes a new tree of ``S`` with probability ``1 / (1 + Σ d⁻¹)``.
-    Trees are never split after the insertion, even if a dissimilarity
-    exceeds 1 (needed for reversibility).
-
-    The chosen tree is modified in place. One JAX call for the choice plus
-    ``seq_insert``'s.
-
-    :param rng: ``numpy.random.Generator`` or seed.
-    :returns: ``StocInsertResult(trees, choice, log_prob)``; ``log_prob`` equals
-        ``stoc_insert_log_prob(model, trees, c, choice)`` evaluated before the insertion.
-    """
-    rng = np.random.default_rng(rng)
-    log_p, log_lik, log_h = _stoc_insert_log_probs(model, trees, c)
-    j = sample_index(rng, log_p)
-    out = list(trees)
-    if j == len(trees):
-        out.append(c)
-        return StocInsertResult(out, None, float(log_p[j]))
-    out[j] = _seq_insert(model, out[j], c, (float(log_lik[j]), float(log_h[j])))[0]
-    return StocInsertResult(out, j, float(log_p[j]))
-
-
-def stoc_insert_log_prob(
-    model: TreeModel, trees: Sequence[Node], c: Node, choice: int | None
-) -> float:
-    """``log`` probability that StocInsert(S, c) makes ``choice`` (StocInsert(S, c, c', p)).
-
-    ``choice`` is an index into ``trees`` or ``None`` for "``c`` starts a new
-    tree" (StocInsert(S, c, ∅, p)). Nothing is modified.
-    """
-    if choice is not None:
-        if isinstance(choice, bool) or not isinstance(choice, (int, np.integer)):
-            raise ValueError(f"choice must be an index into the trees or None, got {choice!r}.")
-        if not 0 <= int(choice) < len(trees):
-            raise ValueError(f"choice {choice} is out of range for {len(trees)} trees.")
-    log_p = _stoc_insert_log_probs(model, trees, c)[0]
-    return float(log_p[len(trees) if choice is None else int(choice)])
