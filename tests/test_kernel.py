@@ -227,6 +227,31 @@ def test_unhandled_latent_site_raises_with_advice():
         _init(model, _data())
 
 
+@pytest.mark.parametrize("name", ["CollapsedGibbs", "SplitMerge", "TreeGuidedMCMC", "SubClusterMCMC"])
+def test_model_errors_name_the_users_kernel(name):
+    """Every partition kernel reads the model through the same code; its errors name the kernel
+    the user wrote, not ``CollapsedGibbs``."""
+    cls = getattr(bnp, name)
+
+    def no_partition(X):
+        numpyro.sample("X", dist.Normal(0, 1), obs=X)
+
+    def extra_site(X):
+        alpha = numpyro.sample("alpha", dist.Gamma(1.0, 1.0))
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(alpha), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(NG, z), obs=X)
+
+    X = _data()
+    with pytest.raises(ValueError, match=f"^{name} needs a model with exactly one latent Partition"):
+        MCMC(cls(no_partition), num_warmup=1, num_samples=1, progress_bar=False).run(
+            jax.random.key(0), X)
+    with pytest.raises(ValueError, match=rf"that {name} does not update.*bnp\.{name}\(model\)"):
+        MCMC(cls(extra_site), num_warmup=1, num_samples=1, progress_bar=False).run(
+            jax.random.key(0), X)
+    with pytest.raises(ValueError, match=rf"^{name}\(model\): model must be"):
+        cls("not a model")
+
+
 def test_family_data_mismatch_raises():
     def model(X):
         z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))

@@ -93,18 +93,21 @@ def _fill_partition(site):
     return None
 
 
-def _find_spec(model_trace, update_hyperparameters: bool) -> ModelSpec:
+def _find_spec(model_trace, update_hyperparameters: bool, owner: str = "CollapsedGibbs"
+               ) -> ModelSpec:
+    """The sites a partition kernel reads; ``owner`` (the user's kernel class) names it in
+    the errors."""
     partitions = sample_sites(model_trace, Partition, observed=False)
     if len(partitions) != 1:
         raise ValueError(
-            "CollapsedGibbs needs a model with exactly one latent Partition site, e.g. "
+            f"{owner} needs a model with exactly one latent Partition site, e.g. "
             "z = numpyro.sample('z', bnp.Partition(bnp.DP(1.0), n)); "
             f"found {len(partitions)} ({partitions})."
         )
     observations = sample_sites(model_trace, ConjugateMixture, observed=True)
     if len(observations) != 1:
         raise ValueError(
-            "CollapsedGibbs needs exactly one observed ConjugateMixture site, e.g. "
+            f"{owner} needs exactly one observed ConjugateMixture site, e.g. "
             "numpyro.sample('X', bnp.ConjugateMixture(family, z), obs=X); "
             f"found {len(observations)}."
         )
@@ -163,8 +166,8 @@ def _find_spec(model_trace, update_hyperparameters: bool) -> ModelSpec:
     others = [name for name in sample_sites(model_trace, observed=False) if name not in owned]
     if others:
         raise ValueError(
-            f"The model has latent sites {others} that CollapsedGibbs does not update. "
-            "Update them with NUTS: numpyro.infer.Gibbs([(bnp.CollapsedGibbs(model), "
+            f"The model has latent sites {others} that {owner} does not update. "
+            f"Update them with NUTS: numpyro.infer.Gibbs([(bnp.{owner}(model), "
             f"['{partitions[0]}']), (NUTS(model), None)]), or, for the measure's alpha/sigma, "
             "pass update_hyperparameters=True."
         )
@@ -255,7 +258,7 @@ class PartitionKernel(DiscreteSiteKernel):
         chain_batching: str = "auto",
     ):
         if not callable(model):
-            raise ValueError("CollapsedGibbs(model): model must be a NumPyro model function.")
+            raise ValueError(f"{type(self).__name__}(model): model must be a NumPyro model function.")
         if init_strategy not in ("one", "singletons", "prior"):
             raise ValueError(
                 f"init_strategy must be 'one', 'singletons' or 'prior', got {init_strategy!r}."
@@ -299,7 +302,7 @@ class PartitionKernel(DiscreteSiteKernel):
     def _setup(self, init_params, model_args, model_kwargs):
         z0 = dict(init_params or {})
         tr = trace_model(self._model, z0, model_args, model_kwargs, fill=_fill_partition)
-        spec = _find_spec(tr, self._update_hyperparameters)
+        spec = _find_spec(tr, self._update_hyperparameters, type(self).__name__)
         self._validate_trace(tr, spec)
         obs = tr[spec.observation_site]
         X = obs["value"]
