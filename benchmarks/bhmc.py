@@ -87,7 +87,8 @@ def ward_paths(X, ks):
 def run_dataset(name, X, truth, args, hyper):
     depth = args.depth
     truth = np.concatenate([truth, np.repeat(truth[:, -1:], max(0, depth - truth.shape[1]), axis=1)], axis=1)
-    fit = fit_bhmc(jax.random.key(args.seed), X, depth=depth, num_warmup=args.warmup, num_samples=args.samples,
+    fit = fit_bhmc(X, key=jax.random.key(args.seed), depth=depth, num_warmup=args.warmup,
+                   num_samples=args.samples,
                    num_chains=args.chains, compiler_options=None, **hyper)
     t = fit.samples["timing"]
     summary = np.stack(fit.summary_labels_per_level, axis=1)  # the posterior summary per level

@@ -207,7 +207,7 @@ def main():
         for name in args.samplers:
             opts = samplers[name]
             t = time.perf_counter()
-            fit = S.fit_bhmc(jax.random.key(args.seed), X, depth=depth, alpha=hyper.alpha,
+            fit = S.fit_bhmc(X, key=jax.random.key(args.seed), depth=depth, alpha=hyper.alpha,
                              gamma0=hyper.gamma0, gamma=hyper.gamma, Sigma=hyper.Sigma,
                              Sigma0=hyper.Sigma0, mu0=hyper.mu0, num_warmup=args.warmup,
                              num_samples=args.samples, num_chains=args.chains,

@@ -252,7 +252,7 @@ def _fit_bhmc(args, X, X_fit, fit_idx, family) -> Fit:
 
     heartbeat = _heartbeat(args, "bhmc: sweeps", args.chains * (args.warmup + args.samples),
                            unit="chain sweeps (the first includes compilation)")
-    fit = fit_bhmc(jax.random.key(args.seed), X_fit, depth=args.depth, alpha=args.alpha,
+    fit = fit_bhmc(X_fit, key=jax.random.key(args.seed), depth=args.depth, alpha=args.alpha,
                    num_samples=args.samples, num_warmup=args.warmup, num_chains=args.chains,
                    heartbeat=heartbeat)
     _done(heartbeat)

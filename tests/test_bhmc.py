@@ -55,7 +55,7 @@ def test_recovers_simulated_tree():
     assert len(set(dominant)) == 4  # precondition: the leaves differ in their main component
     scores = []
     for key in range(3):
-        fit = bhmc.fit_bhmc(jax.random.key(key), X, depth=2, alpha=1.0, gamma0=3.0, gamma=0.3,
+        fit = bhmc.fit_bhmc(X, key=jax.random.key(key), depth=2, alpha=1.0, gamma0=3.0, gamma=0.3,
                             Sigma=0.05 * np.eye(2), Sigma0=16.0 * np.eye(2), mu0=np.zeros(2),
                             num_warmup=100, num_samples=50, num_chains=1, compiler_options=FAST)
         assert fit.paths.shape == (40, 2) and fit.labels_per_level.shape == (2, 40)
@@ -90,7 +90,7 @@ def test_recovers_simulated_tree():
 def test_bad_hyperparameters_raise_before_compiling(kwargs, message):
     X = np.zeros((5, 2))
     with pytest.raises(ValueError, match=message):
-        bhmc.fit_bhmc(jax.random.key(0), X, **kwargs)
+        bhmc.fit_bhmc(X, key=jax.random.key(0), **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_bad_hyperparameters_raise_before_compiling(kwargs, message):
 )
 def test_bad_data_raise(X, message):
     with pytest.raises(ValueError, match=message):
-        bhmc.fit_bhmc(jax.random.key(0), X)
+        bhmc.fit_bhmc(X, key=jax.random.key(0))
 
 
 def test_hyperparameter_dataclass_checks():
@@ -181,7 +181,7 @@ def test_kernel_under_numpyro_mcmc_gives_fit_bhmc_draws(monkeypatch, chain_metho
     X = np.linspace(-2.0, 2.0, 6)[:, None]
     key = jax.random.key(3)
     ticks = _Ticks()
-    fit = bhmc.fit_bhmc(key, X, depth=2, num_warmup=1, num_samples=2, num_chains=2, heartbeat=ticks,
+    fit = bhmc.fit_bhmc(X, key=key, depth=2, num_warmup=1, num_samples=2, num_chains=2, heartbeat=ticks,
                         compiler_options=FAST, init="prior", chain_method=chain_method)
     assert ticks.total == 2 * (1 + 2)  # chain sweeps
     timing = fit.samples["timing"]
@@ -208,7 +208,7 @@ def test_kernel_under_numpyro_mcmc_gives_fit_bhmc_draws(monkeypatch, chain_metho
 def test_node_capacity_overflow_raises():
     X = np.random.default_rng(0).normal(size=(30, 1))
     with pytest.raises(CapacityError, match="node_capacity"):
-        bhmc.fit_bhmc(jax.random.key(0), X, depth=2, alpha=50.0, node_capacity=6, num_warmup=0,
+        bhmc.fit_bhmc(X, key=jax.random.key(0), depth=2, alpha=50.0, node_capacity=6, num_warmup=0,
                       num_samples=2, compiler_options=FAST)
 
 
@@ -216,7 +216,7 @@ def test_node_capacity_grows_by_default():
     """``node_capacity=None`` starts with 64 node slots and doubles them (rerunning from the
     start) when a chain runs out: many small leaves (α = 50) need more than 64."""
     X = np.random.default_rng(0).normal(size=(60, 1))
-    fit = bhmc.fit_bhmc(jax.random.key(0), X, depth=2, alpha=50.0, num_warmup=1, num_samples=2,
+    fit = bhmc.fit_bhmc(X, key=jax.random.key(0), depth=2, alpha=50.0, num_warmup=1, num_samples=2,
                         compiler_options=FAST)
     assert fit.tree.shape[0] > 64  # the capacity of the kept run
     assert int(np.sum(np.asarray(fit.best.count) > 0)) > 64 - 3  # it was needed
@@ -268,10 +268,10 @@ def test_ward_start_is_a_nested_tree(depth, monkeypatch):
 def test_fit_options_and_posterior_summary():
     X = np.r_[np.random.default_rng(0).normal(-3, 0.3, (10, 2)), np.random.default_rng(1).normal(3, 0.3, (10, 2))]
     with pytest.raises(ValueError, match="init"):
-        bhmc.fit_bhmc(jax.random.key(0), X, init="kmeans")
+        bhmc.fit_bhmc(X, key=jax.random.key(0), init="kmeans")
     with pytest.raises(ValueError, match="path_update"):
-        bhmc.fit_bhmc(jax.random.key(0), X, path_update="slice")
-    fit = bhmc.fit_bhmc(jax.random.key(0), X, depth=2, num_samples=10, num_warmup=5, num_chains=2,
+        bhmc.fit_bhmc(X, key=jax.random.key(0), path_update="slice")
+    fit = bhmc.fit_bhmc(X, key=jax.random.key(0), depth=2, num_samples=10, num_warmup=5, num_chains=2,
                         compiler_options=FAST)
     assert fit.summary_labels_per_level.shape == (2, 20)
     for level in range(2):
@@ -286,7 +286,7 @@ def test_fit_options_and_posterior_summary():
     group = np.arange(20) // 10
     assert all(len(np.unique(group[leaves == j])) == 1 for j in np.unique(leaves))
     assert len(np.unique(leaves)) >= 2
-    prior = bhmc.fit_bhmc(jax.random.key(0), X, depth=2, num_samples=3, num_warmup=1, init="prior",
+    prior = bhmc.fit_bhmc(X, key=jax.random.key(0), depth=2, num_samples=3, num_warmup=1, init="prior",
                           store_samples=False, compiler_options=FAST)
     assert prior.summary_labels_per_level is None
 
@@ -306,13 +306,14 @@ def test_fit_starts_from_given_paths_and_components():
     for bad, match in [((paths[:, :1], c), r"paths of shape \(20, 2\)"), ((paths, c[:5]), "c of shape"),
                        ((paths + 0.5, c), "integers"), ("kmeans", "init must be"), ((paths,), "pair")]:
         with pytest.raises(ValueError, match=match):
-            bhmc.fit_bhmc(jax.random.key(0), X, init=bad)
+            bhmc.fit_bhmc(X, key=jax.random.key(0), init=bad)
     with pytest.raises(ValueError, match="component_capacity"):
-        bhmc.fit_bhmc(jax.random.key(0), X, init=(paths, np.arange(20)), component_capacity=4)
+        bhmc.fit_bhmc(X, key=jax.random.key(0), init=(paths, np.arange(20)), component_capacity=4)
     # a start Ward's would not give: every point on one path; with a tiny alpha no point
     # leaves it in a sweep, and Ward's two first-level nodes stay two
     one_path = (np.ones((20, 2), int), c)
-    draws = [bhmc.fit_bhmc(jax.random.key(0), X, depth=2, alpha=1e-4, num_samples=1, num_warmup=0, init=init,
+    draws = [bhmc.fit_bhmc(X, key=jax.random.key(0), depth=2, alpha=1e-4, num_samples=1, num_warmup=0,
+                           init=init,
                            regraft=False, compiler_options=FAST).samples["paths"][0, 0, :, 0]
              for init in [one_path, "ward"]]
     assert [len(np.unique(d)) for d in draws] == [1, 2]
@@ -347,3 +348,17 @@ def test_split_merge_finds_the_two_groups(start):
     assert metrics.ari(group, np.asarray(state.c)) == pytest.approx(1.0)
     np.testing.assert_array_equal(np.asarray(state.node_comp[0]).sum(), 20)
     assert int(state.comp_active.sum()) == 2
+
+
+def test_old_argument_order_warns_and_fits_the_same():
+    """``fit_bhmc(X, key=...)`` is the order of every ``fit_*`` function (issue #39); the old
+    ``fit_bhmc(key, X)`` still gives the same fit, with a FutureWarning."""
+    X = np.linspace(-2.0, 2.0, 6)[:, None]
+    kw = dict(depth=2, num_warmup=1, num_samples=2, compiler_options=FAST, init="prior")
+    new = bhmc.fit_bhmc(X, key=jax.random.key(5), **kw)
+    with pytest.warns(FutureWarning, match="old argument order"):
+        old = bhmc.fit_bhmc(jax.random.key(5), X, **kw)
+    np.testing.assert_array_equal(old.samples["paths"], new.samples["paths"])
+    np.testing.assert_array_equal(old.log_lik, new.log_lik)
+    with pytest.raises(TypeError, match="given twice"):
+        bhmc.fit_bhmc(jax.random.key(5), X, key=jax.random.key(5), **kw)

@@ -243,7 +243,7 @@ def ddt_fit():
 
 
 def bhmc_fit():
-    fit = bnp.fit_bhmc(KEY, X, depth=2, num_samples=3, num_warmup=2, compiler_options=None)
+    fit = bnp.fit_bhmc(X, key=KEY, depth=2, num_samples=3, num_warmup=2, compiler_options=None)
     floats("fit_bhmc.log_lik", fit.log_lik)
     assert fit.log_lik.shape == (1, 3)
     assert fit.labels_per_level.shape == (2, N)

@@ -91,7 +91,7 @@ ENTRIES = {
     "PopulationDDT": lambda key: _mcmc(bnp.PopulationDDT(tree_model, 2, 2), key, num_chains=2),
     "fit_ddt": lambda key: bnp.fit_ddt(X, num_chains=2, num_samples=2, num_warmup=1, key=key,
                                        progress_bar=False).samples,
-    "fit_bhmc": lambda key: bnp.fit_bhmc(key, X, depth=2, num_samples=2,
+    "fit_bhmc": lambda key: bnp.fit_bhmc(X, key=key, depth=2, num_samples=2,
                                          num_warmup=1).log_lik,
     "fit_subcluster_chunked": lambda key: bnp.fit_subcluster_chunked(
         X, bnp.DP(1.0), FAMILY, 3, key=key, capacity=6).labels,

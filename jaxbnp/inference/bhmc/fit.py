@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -79,9 +80,10 @@ class BHMCFit(NamedTuple):
 
 
 def fit_bhmc(
-    key: jax.Array,
     X: Any,
+    legacy_X: Any = None,
     *,
+    key: jax.Array | None = None,
     depth: int = 2,
     alpha: float = 1.0,
     gamma0: float = 1.0,
@@ -108,6 +110,11 @@ def fit_bhmc(
     chain_method: str = "auto",
 ) -> BHMCFit:
     """Fit BHMC to ``X`` with ``num_chains`` chains of Algorithm 2 (docs/mathematics.md §6).
+
+    The arguments are in the order of every ``fit_*`` function: the data first, then
+    keywords, the random key among them (``key=``; ``None``: ``jax.random.key(0)``). The
+    order before, ``fit_bhmc(key, X, ...)``, still runs the same fit, with a
+    ``FutureWarning`` (``legacy_X`` is that call's data; never pass it otherwise).
 
     ``init="ward"`` (default) starts every chain from Ward's tree cut to the depth
     (:func:`ward_start`, ``k = round(sqrt(N / 2))`` components, one per leaf); ``"prior"``
@@ -151,6 +158,15 @@ def fit_bhmc(
     initialisation included; ``other_sweeps_s`` the seconds of the other
     ``num_other_sweeps`` sweeps (the sampler's speed); ``num_chains``.
     """
+    if legacy_X is not None:  # fit_bhmc(key, X, ...): the order before
+        if key is not None:
+            raise TypeError("fit_bhmc(X, *, key=...): the key was given twice (positionally, in "
+                            "the old order fit_bhmc(key, X), and as key=).")
+        warnings.warn("fit_bhmc(key, X, ...) is the old argument order; write "
+                      "fit_bhmc(X, key=key, ...), as for every fit_* function.", FutureWarning,
+                      stacklevel=2)
+        key, X = X, legacy_X
+    key = jax.random.key(0) if key is None else key
     Xn = check_data(X)
     n, dim = Xn.shape
     depth = check_int("depth", depth, 1)

@@ -81,7 +81,7 @@ Example
 >>> import jax, numpy as np
 >>> from jaxbnp.inference.bhmc.sampler import fit_bhmc
 >>> X = np.r_[np.random.default_rng(0).normal(-3, 0.3, (10, 2)), np.random.default_rng(1).normal(3, 0.3, (10, 2))]
->>> fit = fit_bhmc(jax.random.key(0), X, depth=2, num_samples=20, num_warmup=20, num_chains=2)
+>>> fit = fit_bhmc(X, key=jax.random.key(0), depth=2, num_samples=20, num_warmup=20, num_chains=2)
 >>> fit.labels_per_level.shape, fit.log_lik.shape
 ((2, 20), (2, 20))
 """
