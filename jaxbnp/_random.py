@@ -13,8 +13,8 @@ The helpers here make one ``jax.random.uniform`` call per draw and transform it:
   does with its own uniforms).
 * :func:`loggamma`: Marsaglia-Tsang with ``ROUNDS`` candidates per entry drawn at
   once, the first accepted one kept; an entry with none accepted (probability
-  below ``0.05 ** rounds``) is redrawn from fresh keys in a ``while`` loop that
-  runs no trip otherwise, so the law is exact. ``a < 1`` is boosted:
+  below ``0.05 ** rounds``) is redrawn by Cheng's algorithm from fresh uniforms in a
+  ``while`` loop that runs no trip otherwise, so the law is exact. ``a < 1`` is boosted:
   ``log G = log G' + log(U) / a`` with ``G' ~ Gamma(a + 1)``.
 * :func:`split_uniform` / :func:`cut`: one uniform draw cut into several arrays, so a
   caller can draw the uniforms of many variates at once and pass them to the
@@ -31,6 +31,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend.random import threefry_2x32
 
 #: candidates per Gamma entry drawn at once
 ROUNDS = 2
@@ -113,14 +114,41 @@ def loggamma_uniforms(shape) -> tuple:
     return (2 * ROUNDS + 1,) + tuple(shape)
 
 
+def _trip_uniforms(key, trip, shape, dtype):
+    """Uniforms in ``(0, 1)`` of ``shape`` for redraw trip ``trip``: one threefry hash of the
+    key's first two words and a counter (entry, trip), as ``jax.random.uniform`` makes its
+    own (53 bits in float64, 24 otherwise). A single hash keeps the redraw loop small to
+    compile; it is the same generator as ``jax.random``'s default."""
+    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    words = jnp.ravel(data).astype(jnp.uint32)
+    size = math.prod(shape)
+    wide = jnp.dtype(dtype) == jnp.float64
+    per = 2 * size if wide else size
+    count = lax.iota(jnp.uint32, per) + trip.astype(jnp.uint32) * jnp.uint32(per)
+    bits = threefry_2x32((words[0], words[-1]), count)
+    if wide:
+        hi, lo = bits[:size], bits[size:]
+        u = ((hi >> 5).astype(dtype) * 67108864.0 + (lo >> 6).astype(dtype)) * 2.0 ** -53
+    else:
+        u = ((bits >> 8).astype(jnp.float32) * 2.0 ** -24).astype(dtype)
+    return jnp.maximum(u, jnp.finfo(dtype).tiny).reshape(shape)
+
+
 def loggamma_from_uniform(u, a, key):
     """``log G`` for ``G ~ Gamma(a, 1)`` elementwise from uniforms ``u`` of shape
     :func:`loggamma_uniforms`; ``key`` (independent of ``u``) only feeds the redraws of
-    entries whose ``ROUNDS`` candidates were all rejected."""
+    entries whose ``ROUNDS`` candidates were all rejected.
+
+    The candidates are Marsaglia and Tsang's; a redrawn entry takes Cheng's (1977)
+    algorithm GB instead (shape ``≥ 1`` after the boost, two uniforms and no normal per
+    trial, acceptance above 0.88), which keeps the loop small to compile. Either is an
+    exact Gamma draw, and the redraws are independent of the rejected candidates, so the
+    law of every entry is Gamma (docs/mathematics.md §2)."""
     a = jnp.asarray(a, u.dtype)
     dtype = u.dtype
     boost = a < 1.0
-    d = jnp.where(boost, a + 1.0, a) - 1.0 / 3.0
+    shape_ = jnp.where(boost, a + 1.0, a)
+    d = shape_ - 1.0 / 3.0
     cc = 1.0 / jnp.sqrt(9.0 * d)
 
     def candidates(z, w):
@@ -131,18 +159,27 @@ def loggamma_from_uniform(u, a, key):
         return jnp.any(ok, axis=0), jnp.take_along_axis(logv, first[None], axis=0)[0]
 
     done, logv = candidates(normal_from_uniform(u[:ROUNDS]), u[ROUNDS:2 * ROUNDS])
+    out = jnp.log(d) + logv
+    # Cheng's GB for the shape s >= 1: V = log(u1 / (1 - u1)) / sqrt(2s - 1), X = s e^V,
+    # accepted when s - log 4 + (s + sqrt(2s - 1)) V - X >= log(u1^2 u2)
+    lam = jnp.sqrt(2.0 * shape_ - 1.0)
+    b = shape_ - jnp.log(jnp.asarray(4.0, dtype))
+    c = shape_ + lam
+    log_s = jnp.log(shape_)
 
     def cond(carry):
         return ~jnp.all(carry[0])
 
     def body(carry):
-        done, logv, i = carry
-        r = uniform(jax.random.fold_in(key, i), (2 * ROUNDS,) + a.shape, dtype)
-        ok, lv = candidates(normal_from_uniform(r[:ROUNDS]), r[ROUNDS:])
-        return done | ok, jnp.where(done, logv, lv), i + 1
+        done, out, i = carry
+        r = _trip_uniforms(key, i, (2,) + a.shape, dtype)
+        log_u1 = jnp.log(r[0])
+        v = (log_u1 - jnp.log1p(-r[0])) / lam
+        log_x = log_s + v
+        ok = b + c * v - jnp.exp(log_x) >= 2.0 * log_u1 + jnp.log(r[1])
+        return done | ok, jnp.where(done, out, log_x), i + 1
 
-    done, logv, _ = lax.while_loop(cond, body, (done, logv, jnp.int32(0)))
-    out = jnp.log(d) + logv
+    done, out, _ = lax.while_loop(cond, body, (done, out, jnp.int32(0)))
     return jnp.where(boost, out + jnp.log(u[2 * ROUNDS]) / jnp.where(a > 0, a, 1.0), out)
 
 

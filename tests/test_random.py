@@ -33,17 +33,28 @@ def test_loggamma_is_the_log_of_a_gamma_variate(a, dtype):
     assert _ks(g, lambda x: stats.gamma(1.05 * a).cdf(np.exp(x))) < P_MIN
 
 
-def test_loggamma_redraws_entries_whose_candidates_were_all_rejected():
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("a", [0.3, 1.0, 2.5, 200.0])
+def test_loggamma_redraws_entries_whose_candidates_were_all_rejected(a, dtype):
     """Uniforms that make every candidate fail (a normal of 1.28 and an acceptance uniform
-    next to 1) leave every entry to the redraw loop, whose draws must be Gamma too."""
-    a = jnp.full((N,), 2.5)
+    next to 1) leave every entry to the redraw loop (Cheng's algorithm; below shape 1, boosted,
+    the last uniform then next to 1 too), whose draws must be Gamma too."""
+    shape = jnp.full((N,), a, dtype)
     rounds = _random.ROUNDS
-    u = jnp.concatenate([jnp.full((rounds, N), 0.9), jnp.full((rounds + 1, N), 1.0 - 1e-12)])
-    assert u.shape == _random.loggamma_uniforms(a.shape)
-    g = np.asarray(_random.loggamma_from_uniform(u, a, jax.random.key(4)))
+    near_one = 1.0 - (1e-7 if dtype == jnp.float32 else 1e-12)
+    u = jnp.concatenate([jnp.full((rounds, N), 0.9, dtype), jnp.full((rounds, N), near_one, dtype),
+                         jax.random.uniform(jax.random.key(7), (1, N), dtype, 1e-30, 1.0)])
+    assert u.shape == _random.loggamma_uniforms(shape.shape)
+    g = _random.loggamma_from_uniform(u, shape, jax.random.key(4))
+    assert g.dtype == dtype
+    g = np.asarray(g, np.float64)
+    assert np.all(np.isfinite(g))
     assert np.unique(g).size > N // 2  # not the rejected candidate's value
-    assert _ks(g, lambda x: stats.gamma(2.5).cdf(np.exp(x))) > P_MIN
-    assert _ks(g, lambda x: stats.gamma(2.7).cdf(np.exp(x))) < P_MIN
+    assert _ks(g, lambda x: stats.gamma(a).cdf(np.exp(x))) > P_MIN
+    assert _ks(g, lambda x: stats.gamma(1.08 * a).cdf(np.exp(x))) < P_MIN
+    # legacy key data gives the same draws as the typed key
+    again = _random.loggamma_from_uniform(u, shape, jax.random.PRNGKey(4))
+    np.testing.assert_array_equal(np.asarray(again, np.float64), g)
 
 
 def test_log_dirichlet_and_zero_concentrations():
