@@ -31,7 +31,6 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.extend.random import threefry_2x32
 
 #: candidates per Gamma entry drawn at once
 ROUNDS = 2
@@ -60,18 +59,12 @@ def uniform(key, shape, dtype):
     return jax.random.uniform(key, shape, dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
 
 
-def uniform_rows(key, start, num_rows: int, width: int, dtype):
-    """Rows ``start .. start + num_rows`` of an ``(n, width)`` array of uniforms in ``[0, 1)``
-    (``n`` unbounded, below ``2**32``): entry ``(r, c)`` is threefry-2x32 of the key's
-    two words (``jax.random.bits(key, (2,))``, whatever the key's implementation) and the
-    counter ``(r, c)``, turned into a float as ``jax.random.uniform`` does. The cost is
-    that of ``jax.random.uniform`` of the same size; ``start`` may be traced."""
+def _counter_uniforms(k1, k2, rows, cols, dtype):
+    """Entry ``(r, c)`` of an array of uniforms in ``[0, 1)``: threefry-2x32 of the key words
+    ``(k1, k2)`` and the counter ``(r, c)`` (``rows``, ``cols``: uint32 arrays of one shape),
+    turned into a float as ``jax.random.uniform`` does; float32 or float64."""
     from jax.extend.random import threefry2x32_p
 
-    k1, k2 = jax.random.bits(key, (2,), jnp.uint32)
-    rows = (jnp.asarray(start, jnp.uint32) + jnp.arange(num_rows, dtype=jnp.uint32))[:, None]
-    cols = jnp.arange(width, dtype=jnp.uint32)[None, :]
-    rows, cols = jnp.broadcast_arrays(rows, cols)
     b1, b2 = threefry2x32_p.bind(k1, k2, rows, cols)
     dtype = jnp.dtype(dtype)
     if dtype == jnp.float64:
@@ -82,6 +75,18 @@ def uniform_rows(key, start, num_rows: int, width: int, dtype):
     else:
         raise ValueError(f"uniform_rows draws float32 or float64, not {dtype}.")
     return one - jnp.asarray(1.0, dtype)
+
+
+def uniform_rows(key, start, num_rows: int, width: int, dtype):
+    """Rows ``start .. start + num_rows`` of an ``(n, width)`` array of uniforms in ``[0, 1)``
+    (``n`` unbounded, below ``2**32``): entry ``(r, c)`` is threefry-2x32 of the key's
+    two words (``jax.random.bits(key, (2,))``, whatever the key's implementation) and the
+    counter ``(r, c)``, turned into a float as ``jax.random.uniform`` does. The cost is
+    that of ``jax.random.uniform`` of the same size; ``start`` may be traced."""
+    k1, k2 = jax.random.bits(key, (2,), jnp.uint32)
+    rows = (jnp.asarray(start, jnp.uint32) + jnp.arange(num_rows, dtype=jnp.uint32))[:, None]
+    cols = jnp.arange(width, dtype=jnp.uint32)[None, :]
+    return _counter_uniforms(k1, k2, *jnp.broadcast_arrays(rows, cols), dtype)
 
 
 def normal_from_uniform(u):
@@ -115,23 +120,19 @@ def loggamma_uniforms(shape) -> tuple:
 
 
 def _trip_uniforms(key, trip, shape, dtype):
-    """Uniforms in ``(0, 1)`` of ``shape`` for redraw trip ``trip``: one threefry hash of the
-    key's first two words and a counter (entry, trip), as ``jax.random.uniform`` makes its
-    own (53 bits in float64, 24 otherwise). A single hash keeps the redraw loop small to
-    compile; it is the same generator as ``jax.random``'s default."""
+    """Uniforms in ``(0, 1)`` of ``shape`` for redraw trip ``trip``: rows ``trip · shape[0]``
+    onward of a :func:`uniform_rows`-style array whose counter hash takes the key's own first
+    and last words (no ``jax.random.bits`` of the key first), so each trip is one threefry
+    hash and the redraw loop stays small to compile."""
     data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
     words = jnp.ravel(data).astype(jnp.uint32)
-    size = math.prod(shape)
-    wide = jnp.dtype(dtype) == jnp.float64
-    per = 2 * size if wide else size
-    count = lax.iota(jnp.uint32, per) + trip.astype(jnp.uint32) * jnp.uint32(per)
-    bits = threefry_2x32((words[0], words[-1]), count)
-    if wide:
-        hi, lo = bits[:size], bits[size:]
-        u = ((hi >> 5).astype(dtype) * 67108864.0 + (lo >> 6).astype(dtype)) * 2.0 ** -53
-    else:
-        u = ((bits >> 8).astype(jnp.float32) * 2.0 ** -24).astype(dtype)
-    return jnp.maximum(u, jnp.finfo(dtype).tiny).reshape(shape)
+    num_rows, width = shape[0], math.prod(shape[1:])
+    rows = (trip.astype(jnp.uint32) * jnp.uint32(num_rows)
+            + jnp.arange(num_rows, dtype=jnp.uint32))[:, None]
+    cols = jnp.arange(width, dtype=jnp.uint32)[None, :]
+    work = dtype if jnp.dtype(dtype) in (jnp.float32, jnp.float64) else jnp.float32
+    u = _counter_uniforms(words[0], words[-1], *jnp.broadcast_arrays(rows, cols), work)
+    return jnp.maximum(u.astype(dtype), jnp.finfo(dtype).tiny).reshape(shape)
 
 
 def loggamma_from_uniform(u, a, key):
