@@ -93,8 +93,7 @@ def _fill_partition(site):
     return None
 
 
-def _find_spec(model_trace, update_hyperparameters: bool, owner: str = "CollapsedGibbs"
-               ) -> ModelSpec:
+def _find_spec(model_trace, update_hyperparameters: bool, owner: str) -> ModelSpec:
     """The sites a partition kernel reads; ``owner`` (the user's kernel class) names it in
     the errors."""
     partitions = sample_sites(model_trace, Partition, observed=False)
