@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ParameterPytree", "is_concrete", "concrete_value", "tree_add"]
+__all__ = ["ParameterPytree", "is_concrete", "concrete_value", "real_parameter", "tree_add"]
 
 
 def is_concrete(value: Any) -> bool:
@@ -25,6 +25,29 @@ def concrete_value(value: Any) -> np.ndarray | None:
         return np.asarray(value)
     except Exception:  # pragma: no cover - exotic array types
         return None
+
+
+def real_parameter(owner: str, name: str, value: Any, ndims=(0, 1)) -> np.ndarray | None:
+    """A measure's or family's parameter ``value`` as a float NumPy array (``None`` while
+    traced), or a ``TypeError``/``ValueError`` naming ``owner: name`` for ``None``,
+    booleans, strings, complex numbers, a number of dimensions not in ``ndims``, and empty
+    arrays."""
+    if value is None:
+        raise TypeError(f"{owner}: {name} must be a number, got None.")
+    c = concrete_value(value)
+    if c is None:
+        return None
+    if c.dtype == bool or c.dtype.kind in "OSUVc":
+        kind = "boolean" if c.dtype == bool else "complex" if c.dtype.kind == "c" else "non-numeric"
+        raise TypeError(f"{owner}: {name} must be a real number, got {kind} {value!r}.")
+    c = c.astype(float)
+    if c.ndim not in ndims:
+        what = "a scalar" if ndims == (0,) else "a scalar or a 1-D vector" if ndims == (0, 1) else \
+            f"an array with {ndims} dimensions"
+        raise ValueError(f"{owner}: {name} must be {what}, got shape {c.shape}.")
+    if c.size == 0:
+        raise ValueError(f"{owner}: {name} is empty (shape {c.shape}).")
+    return c
 
 
 class ParameterPytree:

@@ -336,20 +336,31 @@ def test_nggp_u_starts_at_its_conditional_mode_unless_given():
 
 
 # ----------------------------------------------------------------------------- composable moves
+def _partition_state(X, u=1.0):
+    from jaxbnp.inference.partition.clusters import PartitionState
+
+    return PartitionState(init_clusters(NG, X, np.zeros(X.shape[0], int), X.shape[0]),
+                          jnp.asarray(u, X.dtype))
+
+
 def test_moves_chain_splits_the_key_once_and_matches_the_gibbs_core():
-    """``chain(gibbs_sweep(), update_u())`` is ``gibbs.step``: the key split once into two."""
+    """``chain(gibbs_sweep(), update_u())`` is the Gibbs core's sweep then its ``u`` update,
+    the key split once into two."""
     from jaxbnp.inference.partition import moves
 
     X = jnp.asarray(_data(8))
     measure = bnp.NGGP(1.0, 0.3)
-    state = gibbs.init(NG, X, np.zeros(8, int), 8, u=2.0)
+    state = _partition_state(X, u=2.0)
     ctx = moves.Context(X, measure, NG)
     move = moves.chain(moves.gibbs_sweep(), moves.update_u())
     key = jax.random.key(4)
     got, info = moves.step(key, moves.init(state, ctx, move), ctx, move)
-    want, gibbs_info = gibbs.step(key, state, X, measure, NG)
-    chex.assert_trees_all_equal(got.partition, want)
-    assert int(gibbs_info.num_clusters) == int(want.clusters.num_clusters)
+    k_sweep, k_u = jax.random.split(key)
+    clusters = gibbs.gibbs_sweep(k_sweep, state.clusters, X, measure, NG, state.u)
+    u = gibbs.update_u(k_u, state.u, clusters.counts, measure)
+    chex.assert_trees_all_equal(got.partition.clusters, clusters)
+    chex.assert_trees_all_equal(got.partition.u, u)
+    assert float(u) != 2.0  # the u update ran
     assert info.moves == ((), ()) and int(info.mh.num_proposed) == 0
 
 
@@ -357,7 +368,7 @@ def test_moves_repeat_zero_is_the_identity_and_counts_add_up():
     from jaxbnp.inference.partition import moves
 
     X = jnp.asarray(_data(8))
-    state = gibbs.init(NG, X, np.zeros(8, int), 8)
+    state = _partition_state(X)
     ctx = moves.Context(X, bnp.DP(1.0), NG)
     for n in (0, 3):
         move = moves.chain(moves.split_merge(n), moves.gibbs_sweeps(n))

@@ -52,7 +52,7 @@ from .. import _math
 from .._math import JAX_MATH as _JAX_MATH
 from .._math import NUMPY_MATH as _NUMPY_MATH
 
-from .._pytree import ParameterPytree, concrete_value
+from .._pytree import ParameterPytree, concrete_value, real_parameter
 from .._random import (
     log_beta_pair_from_uniform, log_dirichlet_from_uniform, loggamma_from_uniform, loggamma_uniforms,
     normal_from_uniform, split_uniform,
@@ -88,29 +88,8 @@ def _safe_log(p):
     return jnp.log(jnp.maximum(p, jnp.finfo(jnp.result_type(p)).tiny))
 
 
-def _as_float(owner: str, name: str, value: Any, ndims=(0, 1)) -> np.ndarray | None:
-    """``value`` as a float NumPy array (``None`` while traced), or a ``TypeError``/``ValueError``
-    naming ``owner: name`` for ``None``, booleans, strings, complex numbers and wrong ranks."""
-    if value is None:
-        raise TypeError(f"{owner}: {name} must be a number, got None.")
-    c = concrete_value(value)
-    if c is None:
-        return None
-    if c.dtype == bool or c.dtype.kind in "OSUVc":
-        kind = "boolean" if c.dtype == bool else "complex" if c.dtype.kind == "c" else "non-numeric"
-        raise TypeError(f"{owner}: {name} must be a real number, got {kind} {value!r}.")
-    c = c.astype(float)
-    if c.ndim not in ndims:
-        what = "a scalar" if ndims == (0,) else "a scalar or a 1-D vector" if ndims == (0, 1) else \
-            f"an array with {ndims} dimensions"
-        raise ValueError(f"{owner}: {name} must be {what}, got shape {c.shape}.")
-    if c.size == 0:
-        raise ValueError(f"{owner}: {name} is empty (shape {c.shape}).")
-    return c
-
-
 def _require_positive(owner: str, name: str, value: Any, ndims=(0, 1)) -> None:
-    c = _as_float(owner, name, value, ndims)
+    c = real_parameter(owner, name, value, ndims)
     if c is None:
         return
     if not np.all(np.isfinite(c)):
@@ -120,7 +99,7 @@ def _require_positive(owner: str, name: str, value: Any, ndims=(0, 1)) -> None:
 
 
 def _require_finite(owner: str, name: str, value: Any, ndims=(0, 1)) -> None:
-    c = _as_float(owner, name, value, ndims)
+    c = real_parameter(owner, name, value, ndims)
     if c is not None and not np.all(np.isfinite(c)):
         raise ValueError(f"{owner}: {name} must be finite, got {c}.")
 
@@ -257,6 +236,16 @@ class Family(ParameterPytree):
     def validate_data(self, X: np.ndarray) -> None:
         """Raise ``ValueError`` if ``X`` cannot be modelled by this family."""
 
+    def unconstrained(self) -> dict:
+        """The hyperparameters as a dict of unconstrained arrays (logs of positive values, a
+        Cholesky factor), which :meth:`constrained` maps back: the coordinates of type-II
+        maximum likelihood (``partition.hyperparameters.family_type2_ml``)."""
+        raise ValueError(f"type-II ML is not implemented for {type(self).__name__}.")
+
+    def constrained(self, p: dict) -> "Family":
+        """This family with the hyperparameters :meth:`unconstrained` coordinates ``p`` give."""
+        raise ValueError(f"type-II ML is not implemented for {type(self).__name__}.")
+
     @classmethod
     def from_data(cls, X: Any) -> "Family":  # pragma: no cover - overridden
         raise NotImplementedError
@@ -295,6 +284,14 @@ class NormalGamma(Family):
         _require_positive("NormalGamma", "b0", b0)
         _same_length("NormalGamma", ("m0", "b0"), (m0, b0))
         self._set(m0=m0, k0=k0, a0=a0, b0=b0)
+
+    def unconstrained(self) -> dict:
+        return {"m0": self.m0, "log_k0": jnp.log(self.k0), "log_a0": jnp.log(self.a0),
+                "log_b0": jnp.log(self.b0)}
+
+    def constrained(self, p: dict) -> "NormalGamma":
+        return self.replace(m0=p["m0"], k0=jnp.exp(p["log_k0"]), a0=jnp.exp(p["log_a0"]),
+                            b0=jnp.exp(p["log_b0"]))
 
     @classmethod
     def from_data(cls, X: Any, k0: float = 0.1, a0: float = 2.0) -> "NormalGamma":
@@ -456,7 +453,7 @@ class NormalWishart(Family):
         _require_finite("NormalWishart", "m0", m0, ndims=(1,))
         _require_positive("NormalWishart", "r", r, ndims=(0,))
         _require_finite("NormalWishart", "nu", nu, ndims=(0,))
-        psi_c = _as_float("NormalWishart", "psi", psi, ndims=(0, 1, 2))
+        psi_c = real_parameter("NormalWishart", "psi", psi, ndims=(0, 1, 2))
         m0_c = concrete_value(m0)
         if psi_c is not None:
             if psi_c.ndim != 2 or psi_c.shape[0] != psi_c.shape[1]:
@@ -485,6 +482,17 @@ class NormalWishart(Family):
                     f"NormalWishart: nu must be > D - 1 = {psi_c.shape[0] - 1}, got {float(nu_c)}."
                 )
         self._set(m0=m0, r=r, nu=nu, psi=psi)
+
+    def unconstrained(self) -> dict:
+        d = self.psi.shape[-1]
+        return {"m0": self.m0, "log_r": jnp.log(self.r), "log_nu_excess": jnp.log(self.nu - (d - 1.0)),
+                "chol_psi": jnp.linalg.cholesky(self.psi)}
+
+    def constrained(self, p: dict) -> "NormalWishart":
+        d = self.psi.shape[-1]
+        L = jnp.tril(p["chol_psi"])
+        return self.replace(m0=p["m0"], r=jnp.exp(p["log_r"]),
+                            nu=(d - 1.0) + jnp.exp(p["log_nu_excess"]), psi=L @ L.T)
 
     @classmethod
     def from_data(cls, X: Any, r: float = 0.1, extra_dof: float = 6.0, det_psi: float = 0.1,
@@ -821,6 +829,12 @@ class DirichletMultinomial(Family):
         _require_positive("DirichletMultinomial", "beta", beta)
         self._set(beta=beta)
 
+    def unconstrained(self) -> dict:
+        return {"log_beta": jnp.log(self.beta)}
+
+    def constrained(self, p: dict) -> "DirichletMultinomial":
+        return self.replace(beta=jnp.exp(p["log_beta"]))
+
     @classmethod
     def from_data(cls, X: Any, beta: float = 0.5) -> "DirichletMultinomial":
         """Symmetric Jeffreys-like prior ``beta = 0.5`` for every word."""
@@ -909,6 +923,12 @@ class BetaBernoulli(Family):
         _require_positive("BetaBernoulli", "b", b)
         _same_length("BetaBernoulli", ("a", "b"), (a, b))
         self._set(a=a, b=b)
+
+    def unconstrained(self) -> dict:
+        return {"log_a": jnp.log(self.a), "log_b": jnp.log(self.b)}
+
+    def constrained(self, p: dict) -> "BetaBernoulli":
+        return self.replace(a=jnp.exp(p["log_a"]), b=jnp.exp(p["log_b"]))
 
     @classmethod
     def from_data(cls, X: Any) -> "BetaBernoulli":

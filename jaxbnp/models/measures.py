@@ -33,7 +33,7 @@ from jax import lax
 from jax.scipy.special import gammaln
 
 from .._math import JAX_MATH, NUMPY_MATH
-from .._pytree import ParameterPytree, concrete_value
+from .._pytree import ParameterPytree, real_parameter
 
 __all__ = ["Measure", "DP", "PitmanYor", "NGGP"]
 
@@ -53,15 +53,9 @@ def _check(condition: bool, message: str) -> None:
 
 
 def _check_scalar(name: str, value: Any, owner: str) -> float | None:
-    if value is None:
-        raise TypeError(f"{owner}: {name} must be a number, got None.")
-    c = concrete_value(value)
+    c = real_parameter(owner, name, value, ndims=(0,))
     if c is None:
         return None
-    if c.dtype == bool or c.dtype.kind in "OSUVc":
-        kind = "boolean" if c.dtype == bool else "complex" if c.dtype.kind == "c" else "non-numeric"
-        raise TypeError(f"{owner}: {name} must be a real number, got {kind} {value!r}.")
-    _check(c.shape == (), f"{owner}: {name} must be a scalar, got shape {c.shape}.")
     _check(bool(math.isfinite(float(c))), f"{owner}: {name} must be finite, got {float(c)}.")
     return float(c)
 

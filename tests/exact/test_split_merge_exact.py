@@ -35,7 +35,7 @@ import pytest
 import jaxbnp as bnp
 from jaxbnp.inference.partition.clusters import canonical_labels, init_clusters
 from jaxbnp.inference.partition.kernels import SplitMerge
-from jaxbnp.inference.partition.split_merge import split_merge_move, split_merge_move_info
+from jaxbnp.inference.partition.split_merge import split_merge_move_info
 
 from .enumeration import set_partitions, total_variation
 from .test_gibbs_exact import NG, TV_TOLERANCE, _exact, _gaussian_data, _model, _nggp_log_eppf_quad
@@ -206,6 +206,6 @@ def test_bad_arguments():
     X = jnp.asarray(_gaussian_data(4))
     state = init_clusters(NG, X, np.zeros(4, int), capacity=4)
     with pytest.raises(ValueError, match="num_restricted_scans"):
-        split_merge_move(jax.random.key(0), state, X, bnp.DP(1.0), NG, num_restricted_scans=-1)
+        split_merge_move_info(jax.random.key(0), state, X, bnp.DP(1.0), NG, num_restricted_scans=-1)
     # Gibbs sweeps alone are allowed
     SplitMerge(model, num_split_merge=0, gibbs_sweeps=1)

@@ -8,19 +8,15 @@ measure gives the weights ``w`` (docs/mathematics.md §1) and the family the pre
 over blocks of points, each block scored against every cluster at once
 (:func:`assignment_sweep`; docs/design.md, "The Gibbs sweep").
 
-Kernel pattern (BlackJAX style): ``init(...) -> GibbsState`` and
-``step(key, state, X, measure, family) -> (GibbsState, GibbsInfo)``; many chains
-are a ``jax.vmap`` over both. Composable moves over a partition (a sweep, ``u``,
-split-merge, ...) are in :mod:`jaxbnp.inference.partition.moves`.
+The sweep is a move of :mod:`jaxbnp.inference.partition.moves` (``moves.gibbs_sweep()``),
+which composes it with the other moves over a partition into one kernel.
 
-NGGP measures also carry ``u``, updated after each sweep by slice sampling
-on ``log u`` (docs/mathematics.md §1). Optional conjugate hyperparameter updates:
-``escobar_west_alpha`` (DP), ``nggp_alpha_update`` and ``nggp_sigma_update``.
+NGGP measures also carry ``u``, updated by slice sampling on ``log u``
+(:func:`update_u`, docs/mathematics.md §1). The measure's hyperparameter updates are in
+:mod:`jaxbnp.inference.partition.hyperparameters`.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,39 +24,16 @@ import numpy as np
 from jax import lax
 
 from ...models.measures import Measure, NGGP
-from .clusters import ClusterState, PartitionState, init_clusters
+from .clusters import ClusterState
 from ..slice import slice_sample
 
 __all__ = [
-    "GibbsState",
-    "GibbsInfo",
     "packer",
-    "init",
     "gibbs_sweep",
     "step_uniforms",
     "assignment_sweep",
     "update_u",
-    "step",
-    "escobar_west_alpha",
-    "nggp_alpha_update",
-    "nggp_sigma_update",
 ]
-
-
-#: State of one collapsed-Gibbs chain: clusters and the auxiliary ``u`` (1.0 if unused).
-GibbsState = PartitionState
-
-
-class GibbsInfo(NamedTuple):
-    """What one :func:`step` did: ``num_clusters`` after it."""
-
-    num_clusters: jax.Array
-
-
-def init(family, X, labels, capacity: int, u: float = 1.0) -> GibbsState:
-    """Initial state from data and labels (host side)."""
-    X = jnp.asarray(X)
-    return GibbsState(init_clusters(family, X, labels, capacity), jnp.asarray(u, X.dtype))
 
 
 def packer(tree):
@@ -301,61 +274,3 @@ def update_u(key: jax.Array, u: jax.Array, counts: jax.Array, measure: NGGP) -> 
     """Slice-sample ``log u`` from ``p(log u | Π)`` (docs/mathematics.md §1)."""
     log_u = slice_sample(key, lambda t: measure.log_u_conditional(t, counts), jnp.log(u))
     return jnp.exp(log_u)
-
-
-def step(
-    key: jax.Array, state: GibbsState, X: jax.Array, measure: Measure, family
-) -> tuple[GibbsState, GibbsInfo]:
-    """One Gibbs sweep, then (NGGP) one slice update of ``u``; returns ``(state, info)``."""
-    k_sweep, k_u = jax.random.split(key)
-    clusters = gibbs_sweep(k_sweep, state.clusters, X, measure, family, state.u)
-    u = state.u
-    if measure.has_auxiliary:
-        u = update_u(k_u, u, clusters.counts, measure)
-    return GibbsState(clusters, u), GibbsInfo(clusters.num_clusters)
-
-
-# ----------------------------------------------------------------------------- hyperparameters
-def escobar_west_alpha(
-    key: jax.Array, alpha: jax.Array, num_clusters: jax.Array, num_points: int,
-    shape: float, rate: float,
-) -> jax.Array:
-    """Escobar & West (1995) update of DP ``alpha`` under a ``Gamma(shape, rate)`` prior.
-
-    ``η ~ Beta(α+1, n)``; with odds ``(a+K−1)/(n(b−log η))`` draw
-    ``α ~ Gamma(a+K, b−log η)``, else ``α ~ Gamma(a+K−1, b−log η)``.
-    """
-    k_eta, k_mix, k_gamma = jax.random.split(key, 3)
-    eta = jax.random.beta(k_eta, alpha + 1.0, jnp.asarray(num_points, alpha.dtype))
-    eta = jnp.maximum(eta, jnp.finfo(alpha.dtype).tiny)
-    post_rate = rate - jnp.log(eta)
-    odds = (shape + num_clusters - 1.0) / (num_points * post_rate)
-    use_k = jax.random.uniform(k_mix) < odds / (1.0 + odds)
-    post_shape = shape + num_clusters - jnp.where(use_k, 0.0, 1.0)
-    return jax.random.gamma(k_gamma, post_shape, dtype=alpha.dtype) / post_rate
-
-
-def nggp_alpha_update(
-    key: jax.Array, measure: NGGP, u: jax.Array, num_clusters: jax.Array,
-    shape: float, rate: float,
-) -> jax.Array:
-    """Conjugate NGGP ``alpha | Π, u, σ ~ Gamma(a + K, b + (u+τ)^σ − τ^σ)`` (docs/mathematics.md §1)."""
-    post_rate = rate + (u + measure.tau) ** measure.sigma - measure.tau**measure.sigma
-    return jax.random.gamma(key, shape + num_clusters, dtype=u.dtype) / post_rate
-
-
-def nggp_sigma_update(
-    key: jax.Array, measure: NGGP, u: jax.Array, counts: jax.Array,
-    beta_a: float, beta_b: float,
-) -> jax.Array:
-    """Slice update of NGGP ``sigma`` on the logit scale under a ``Beta(a, b)`` prior."""
-
-    def log_density(t):
-        sigma = jax.nn.sigmoid(t)
-        m = measure.replace(sigma=sigma)
-        log_prior = (beta_a - 1.0) * jnp.log(sigma) + (beta_b - 1.0) * jnp.log1p(-sigma)
-        log_jac = jnp.log(sigma) + jnp.log1p(-sigma)
-        return log_prior + log_jac + m.log_eppf(counts, u)
-
-    t0 = jnp.log(measure.sigma) - jnp.log1p(-measure.sigma)
-    return jax.nn.sigmoid(slice_sample(key, log_density, t0))

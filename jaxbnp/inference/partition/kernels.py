@@ -54,7 +54,7 @@ from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ...models.measures import DP, NGGP
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 from . import gibbs as gibbs_core
-from . import moves, subcluster
+from . import hyperparameters, moves, subcluster
 from .clusters import (
     ClusterState, PartitionState, canonical_labels, cluster_log_joint, clusters_from_labels,
     raise_if_overflow,
@@ -443,7 +443,8 @@ class PartitionKernel(DiscreteSiteKernel):
         k = clusters.num_clusters
         if spec.u_site is not None:
             z[spec.u_site] = u
-        measure = hyperparameter_updates(spec, z, priors, measure, u, clusters, k_alpha, k_sigma)
+        measure, updated = hyperparameter_updates(spec, priors, measure, u, clusters, k_alpha, k_sigma)
+        z.update(updated)
         z[spec.partition_site] = canonical_labels(clusters.labels, clusters.capacity)
         lj = cluster_log_joint(clusters, measure, family, u)
         mh = info.mh
@@ -483,32 +484,16 @@ class PartitionKernel(DiscreteSiteKernel):
         return bool(np.any(np.asarray(state.clusters.overflow)))
 
 
-def hyperparameter_updates(spec: ModelSpec, z: dict, priors: dict, measure, u, clusters, k_alpha, k_sigma):
-    """The measure's hyperparameter updates of one iteration (``update_hyperparameters=True``):
-    DP ``alpha`` by Escobar-West, NGGP ``alpha`` (conjugate given ``u``) with ``k_alpha``,
-    NGGP ``sigma`` (slice on the logit) with ``k_sigma``. Writes the new values into ``z``
-    and returns the updated measure."""
-    k = clusters.num_clusters
-    if spec.alpha_site is not None:
-        prior = priors[spec.alpha_site]
-        if isinstance(measure, NGGP):
-            alpha = gibbs_core.nggp_alpha_update(
-                k_alpha, measure, u, k, prior.concentration, prior.rate
-            )
-        else:
-            alpha = gibbs_core.escobar_west_alpha(
-                k_alpha, measure.alpha, k, spec.num_points, prior.concentration, prior.rate
-            )
-        measure = measure.replace(alpha=alpha)
-        z[spec.alpha_site] = alpha
-    if spec.sigma_site is not None:
-        prior = priors[spec.sigma_site]
-        sigma = gibbs_core.nggp_sigma_update(
-            k_sigma, measure, u, clusters.counts, prior.concentration1, prior.concentration0
-        )
-        measure = measure.replace(sigma=sigma)
-        z[spec.sigma_site] = sigma
-    return measure
+def hyperparameter_updates(spec: ModelSpec, priors: dict, measure, u, clusters, k_alpha, k_sigma):
+    """The measure's hyperparameter updates of one iteration (``update_hyperparameters=True``;
+    :func:`~jaxbnp.inference.partition.hyperparameters.measure_updates` for the model's
+    sites): ``(measure, values)``, ``values`` the new value of each updated site by name."""
+    measure, values = hyperparameters.measure_updates(
+        measure, u, clusters.counts, clusters.num_clusters, spec.num_points,
+        None if spec.alpha_site is None else priors[spec.alpha_site],
+        None if spec.sigma_site is None else priors[spec.sigma_site], k_alpha, k_sigma)
+    sites = {"alpha": spec.alpha_site, "sigma": spec.sigma_site}
+    return measure, {sites[name]: value for name, value in values.items()}
 
 
 class CollapsedGibbs(PartitionKernel):
@@ -571,7 +556,7 @@ class SplitMerge(PartitionKernel):
     """Jain & Neal (2004) split-merge sampler (the tgMCMC paper's "SM") as a NumPyro kernel.
 
     Each iteration does ``num_split_merge`` split-merge moves
-    (:func:`~jaxbnp.inference.partition.split_merge.split_merge_move`, each with
+    (:func:`~jaxbnp.inference.partition.split_merge.split_merge_move_info`, each with
     ``num_restricted_scans`` intermediate restricted Gibbs scans), then
     ``gibbs_sweeps`` collapsed Gibbs sweeps (Neal's algorithm 3), then, for NGGP,
     a slice update of ``u``: the move ``moves.chain(moves.split_merge(num_split_merge,
@@ -631,9 +616,6 @@ class SplitMerge(PartitionKernel):
             model, move, capacity=capacity, init_strategy=init_strategy,
             update_hyperparameters=update_hyperparameters, chain_batching=chain_batching,
         )
-        self._num_split_merge = num_split_merge
-        self._num_restricted_scans = num_restricted_scans
-        self._gibbs_sweeps = gibbs_sweeps
 
 
 class SubClusterMCMC(PartitionKernel):

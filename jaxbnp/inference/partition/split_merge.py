@@ -33,8 +33,8 @@ every slot is used and the split would be accepted, the state stays put and
 ``overflow`` is set (the kernel raises ``CapacityError``), never a silent drop.
 
 Kernel pattern: ``split_merge_move_info(key, clusters, X, measure, family, u)``
-returns ``(ClusterState, SplitMergeInfo)`` (proposal kind, ``log r``, acceptance);
-``split_merge_move`` the new ``ClusterState`` alone. As a composable move:
+returns ``(ClusterState, SplitMergeInfo)`` (proposal kind, ``log r``, acceptance). As a
+composable move:
 :func:`jaxbnp.inference.partition.moves.split_merge`; the NumPyro kernel is
 :class:`jaxbnp.inference.partition.kernels.SplitMerge` (``bnp.SplitMerge``).
 
@@ -65,7 +65,7 @@ from ...models.measures import Measure
 from .clusters import ClusterState, first_free_slot
 from .gibbs import packer
 
-__all__ = ["SplitMergeInfo", "split_merge_move", "split_merge_move_info"]
+__all__ = ["SplitMergeInfo", "split_merge_move_info"]
 
 
 class SplitMergeInfo(NamedTuple):
@@ -283,31 +283,3 @@ def split_merge_move_info(
         i.astype(jnp.int32), j.astype(jnp.int32), is_split, log_ratio, log_q, accepted
     )
     return new_clusters, info
-
-
-def split_merge_move(
-    key: jax.Array,
-    clusters: ClusterState,
-    X: jax.Array,
-    measure: Measure,
-    family,
-    u: jax.Array | None = None,
-    num_restricted_scans: int = 5,
-) -> ClusterState:
-    """One Jain-Neal split-merge move (module docstring; docs/mathematics.md §1-2).
-
-    Leaves ``p(Π | X[, u])`` invariant. Shapes: ``X`` ``(n, D)``; ``clusters``
-    with ``capacity`` slots. A split that would be accepted with no free slot
-    leaves the state as it is and sets ``overflow``.
-
-    >>> import jax, jax.numpy as jnp, jaxbnp as bnp
-    >>> from jaxbnp.inference.partition.clusters import init_clusters
-    >>> X = jnp.array([[-2.0], [-2.1], [2.0], [2.2]])
-    >>> state = init_clusters(bnp.NormalGamma(), X, jnp.zeros(4, int), capacity=4)
-    >>> new = split_merge_move(jax.random.key(0), state, X, bnp.DP(1.0), bnp.NormalGamma())
-    >>> int(new.counts.sum())
-    4
-    """
-    return split_merge_move_info(
-        key, clusters, X, measure, family, u, num_restricted_scans
-    )[0]
