@@ -203,6 +203,29 @@ def test_no_library_file_over_a_thousand_lines():
     assert not long, "split these files:\n" + "\n".join(long)
 
 
+#: every sampler's module and the function that gives its one shape (issue #39;
+#: ``jaxbnp.inference.base.SamplingAlgorithm``, run in tests/test_algorithms.py)
+SAMPLER_MODULES = (
+    "jaxbnp.inference.partition.moves",
+    "jaxbnp.inference.partition.subcluster",
+    "jaxbnp.inference.trees.mcmc",
+    "jaxbnp.inference.trees.population",
+    "jaxbnp.inference.bhmc.sweep",
+)
+
+
+def _top_level_functions(module: str) -> set:
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_every_sampler_module_gives_the_one_shape():
+    for module in SAMPLER_MODULES:
+        assert "algorithm" in _top_level_functions(module), f"{module} has no algorithm(...)"
+    # the check sees a module without one
+    assert "algorithm" not in _top_level_functions("jaxbnp.inference.partition.gibbs")
+
+
 def test_no_import_cycle():
     edges, _ = _graph()
     cycles = _cycles(edges)

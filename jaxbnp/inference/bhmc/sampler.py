@@ -121,9 +121,10 @@ from .regraft import (
 )
 from .split_merge import split_merge, split_merge_log_ratio
 from .start import init, init_from, state_from_simulation, ward_start
-from .sweep import step
+from .sweep import algorithm, step
 
 __all__ = [
+    "algorithm",
     "FAST_COMPILE",
     "BHMCConfig",
     "BHMCFit",

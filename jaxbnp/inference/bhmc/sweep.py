@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..base import SamplingAlgorithm
 from .beta import (
     complete_log_likelihood,
     update_beta,
@@ -27,6 +28,7 @@ from .paths import (
 from .regraft import (
     regraft,
 )
+from .start import init as start_init
 from .split_merge import (
     split_merge,
 )
@@ -84,3 +86,22 @@ def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tupl
     state = state._replace(log_lik=complete_log_likelihood(state, X, model, config))
     return state, BHMCInfo(num_accepted, jnp.asarray(n, jnp.int32), hyper_accepted, num_regrafted,
                            num_split_merge)
+
+
+def algorithm(X, hyper, model: BHMCModel, config: BHMCConfig) -> SamplingAlgorithm:
+    """BHMC's Algorithm 2 in the one shape (:class:`~jaxbnp.inference.base.SamplingAlgorithm`):
+
+    * ``init(key) -> BHMCState``: :func:`~jaxbnp.inference.bhmc.start.init` (paths from the
+      nCRP prior, components from a CRP, ``hyper``'s ``alpha``, ``gamma0``, ``gamma``);
+    * ``step(key, state) -> (BHMCState, BHMCInfo)``: one sweep (:func:`step`).
+
+    A state whose trees outgrew the capacities in ``config`` has ``overflow`` set."""
+    X = jnp.asarray(X)
+
+    def init_fn(key):
+        return start_init(key, X, hyper, model, config)
+
+    def step_fn(key, state):
+        return step(key, state, X, model, config)
+
+    return SamplingAlgorithm(init_fn, step_fn)

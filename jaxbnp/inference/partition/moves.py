@@ -21,7 +21,8 @@ Ready-made moves: :func:`gibbs_sweep`, :func:`gibbs_sweeps`, :func:`split_merge`
 :func:`update_u`, :func:`local_moves`, :func:`identity`; tgMCMC's global moves are
 :func:`jaxbnp.inference.tgmcmc.kernel.tree_guided_moves`. The whole kernel
 follows BlackJAX's contract: :func:`init` ``-> KernelState`` and :func:`step`
-``-> (KernelState, KernelInfo)`` (or :func:`build_kernel`); the NumPyro adapter is
+``-> (KernelState, KernelInfo)``, or with the data bound, :func:`algorithm` (the one shape
+of every sampler, :class:`~jaxbnp.inference.base.SamplingAlgorithm`); the NumPyro adapter is
 :class:`jaxbnp.inference.partition.kernels.PartitionKernel`.
 
 Example
@@ -49,8 +50,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..._validation import check_int
+from ..base import SamplingAlgorithm
 from . import gibbs as gibbs_core
-from .clusters import PartitionState
+from .clusters import PartitionState, init_clusters
 from .split_merge import split_merge_move_info
 
 __all__ = [
@@ -71,7 +73,7 @@ __all__ = [
     "mh_summary",
     "init",
     "step",
-    "build_kernel",
+    "algorithm",
 ]
 
 
@@ -291,13 +293,40 @@ def step(key: jax.Array, state: KernelState, ctx: Context, move: Move) -> tuple[
     return KernelState(partition, move_state), KernelInfo(info, mh_summary(info))
 
 
-def build_kernel(move: Move) -> tuple[Callable, Callable]:
-    """``(init(state, ctx), step(key, state, ctx))`` of the kernel of ``move``."""
+def algorithm(move: Move, X, measure, family, capacity: int | None = None) -> SamplingAlgorithm:
+    """The kernel of ``move`` on the data ``X`` in the one shape
+    (:class:`~jaxbnp.inference.base.SamplingAlgorithm`):
 
-    def init_fn(state, ctx):
-        return init(state, ctx, move)
+    * ``init(key, labels=None, u=None) -> KernelState``: the partition of ``labels``
+      (``None``: one cluster) in ``capacity`` slots (``None``: ``n``), and NGGP's ``u``
+      (``None``: its conditional mode given the partition; 1 for other measures);
+      ``key`` is not used (the start is given);
+    * ``step(key, state) -> (KernelState, KernelInfo)``: :func:`step`.
 
-    def step_fn(key, state, ctx):
+    >>> import jax, jax.numpy as jnp, jaxbnp as bnp
+    >>> from jaxbnp.inference.partition import moves
+    >>> X = jnp.array([[-2.0], [-2.1], [2.0], [2.2]])
+    >>> alg = moves.algorithm(moves.chain(moves.split_merge(), moves.gibbs_sweep()), X,
+    ...                       bnp.DP(1.0), bnp.NormalGamma())
+    >>> state, info = alg.step(jax.random.key(0), alg.init(jax.random.key(1)))
+    >>> int(info.mh.num_proposed)
+    1
+    """
+    X = jnp.asarray(X)
+    n = X.shape[0]
+    capacity = n if capacity is None else check_int("capacity", capacity, 1)
+    ctx = Context(X, measure, family)
+
+    def init_fn(key, labels=None, u=None):
+        del key  # the start is given
+        labels = jnp.zeros(n, jnp.int32) if labels is None else jnp.asarray(labels, jnp.int32)
+        clusters = init_clusters(family, X, labels, capacity)
+        dtype = jnp.result_type(X.dtype, float)
+        if u is None:
+            u = measure.u_mode(clusters.counts) if measure.has_auxiliary else 1.0
+        return init(PartitionState(clusters, jnp.asarray(u, dtype)), ctx, move)
+
+    def step_fn(key, state):
         return step(key, state, ctx, move)
 
-    return init_fn, step_fn
+    return SamplingAlgorithm(init_fn, step_fn)

@@ -74,9 +74,11 @@ from ..._random import (
 from ..._pytree import tree_add
 from ..._validation import check_data, check_host_array, check_int, check_real
 from .clusters import CapacityError, ClusterState, PartitionState, compact_labels, log_joint_of_sums
+from . import moves
 from .moves import MHInfo, Move
 
 __all__ = [
+    "algorithm",
     "SubClusterState",
     "SubClusterInfo",
     "point_noise",
@@ -662,6 +664,19 @@ def subcluster_move(num_launch_sweeps: int = 3, mesh=None, sharpness: float = DE
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     return Move(init_fn, step_fn)
+
+
+def algorithm(X, measure, family, capacity: int | None = None, num_launch_sweeps: int = 3,
+              mesh=None, sharpness: float = DEFAULT_SHARPNESS):
+    """The sub-cluster sampler in the one shape
+    (:class:`~jaxbnp.inference.base.SamplingAlgorithm`): :func:`subcluster_move` run by
+    :func:`jaxbnp.inference.partition.moves.algorithm` (``init(key, labels=None)``, one
+    cluster by default, ``capacity`` slots, ``None``: ``n``; ``step(key, state)``: one
+    iteration, the move's state its :class:`SubClusterState`, ``info.moves`` its
+    :class:`SubClusterInfo`). A chain that fills every slot sets the state's ``overflow``."""
+    check_measure(measure, "subcluster.algorithm")
+    return moves.algorithm(subcluster_move(num_launch_sweeps, mesh, sharpness), X, measure, family,
+                           capacity)
 
 
 # ----------------------------------------------------------------------------- streamed from host memory

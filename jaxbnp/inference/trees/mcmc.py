@@ -95,14 +95,16 @@ from ...models.ddt import (
     num_leaves,
     refresh_messages,
     root_of,
+    sample_tree,
     structure_log_prior,
     structure_log_prior_from,
     tree_messages,
 )
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
+from ..base import SamplingAlgorithm
 
 __all__ = [
-    "Hyperpriors", "DDTState", "DDTInfo", "init", "step",
+    "Hyperpriors", "DDTState", "DDTInfo", "init", "step", "algorithm",
     "subtree_proposal", "subtree_log_q_ratio", "select_state",
     "DiffusionTreeMCMC", "DiffusionTreeMCMCState",
 ]
@@ -421,6 +423,27 @@ def step(
         state = _update_scale(slices[2], state, X, hyperpriors.noise, "noise")
     info = DDTInfo(sub_acc, jnp.asarray(num, jnp.int32), time_acc, jnp.asarray(n - 1, jnp.int32))
     return state, info
+
+
+def algorithm(X, hyperpriors: Hyperpriors = Hyperpriors(), *, num_subtree_moves: int | None = None,
+              time_step_size: float = 1.0) -> SamplingAlgorithm:
+    """One diffusion-tree chain in the one shape (:class:`~jaxbnp.inference.base.SamplingAlgorithm`):
+
+    * ``init(key, tree=None, c=1.0, sigma=1.0, noise=0.0) -> DDTState``: :func:`init` at the
+      given tree, or at a draw from the DDT prior with divergence ``c`` (from ``key``);
+    * ``step(key, state) -> (DDTState, DDTInfo)``: :func:`step` with these settings."""
+    X = jnp.asarray(X)
+
+    def init_fn(key, tree=None, c=1.0, sigma=1.0, noise=0.0):
+        if tree is None:
+            tree = sample_tree(key, c, X.shape[0], jnp.result_type(X.dtype, float))
+        return init(tree, X, c, sigma, noise)
+
+    def step_fn(key, state):
+        return step(key, state, X, hyperpriors, num_subtree_moves=num_subtree_moves,
+                    time_step_size=time_step_size)
+
+    return SamplingAlgorithm(init_fn, step_fn)
 
 
 # ------------------------------------------------------------------------- NumPyro kernel

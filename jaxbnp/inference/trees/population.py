@@ -64,14 +64,16 @@ from ..._cache import auto_enable
 from ..._random import typed_key
 from ..._validation import check_int
 from ...models.ddt import (
-    Tree, attach, bottom_up_order, detach, log_joint_terms_and_sizes, num_leaves, root_of,
+    Tree, attach, bottom_up_order, detach, log_joint_terms_and_sizes, num_leaves, root_of, sample_tree,
 )
+from ..base import SamplingAlgorithm
 from . import mcmc
 from .mcmc import DDTInfo, DDTState, DiffusionTreeMCMC, Hyperpriors, select_state
 
 __all__ = [
     "ExchangeInfo", "PopulationInfo", "Detached", "detach_leaves", "candidate_log_likelihoods",
-    "insert_leaves", "exchange", "exchange_step", "init", "step", "run_chains", "PopulationDDT",
+    "insert_leaves", "exchange", "exchange_step", "init", "step", "algorithm", "run_chains",
+    "PopulationDDT",
     "PopulationDDTState",
 ]
 
@@ -442,6 +444,36 @@ def step(
         within = DDTInfo(zero, zero, zero, zero)
     chains, exchanged = exchange_step(k_ex, chains, X, subset_size, temperature, pair_batching)
     return chains, PopulationInfo(within, exchanged.accepted)
+
+
+def algorithm(X, num_chains: int, *, subset_size: int, temperature: Any = 1.0,
+              hyperpriors: Hyperpriors = Hyperpriors(), within_chain: bool = True,
+              num_subtree_moves: int | None = None, time_step_size: float = 1.0,
+              pair_batching: str = "vmap", chain_batching: str = "auto") -> SamplingAlgorithm:
+    """Population MCMC over ``num_chains`` diffusion trees in the one shape
+    (:class:`~jaxbnp.inference.base.SamplingAlgorithm`); the population is one state:
+
+    * ``init(key, trees=None, c=1.0, sigma=1.0, noise=0.0) -> DDTState`` (leading axis
+      ``num_chains``): :func:`init` at the given trees, or at ``num_chains`` draws from the
+      DDT prior (keys ``jax.random.split(key, num_chains)``);
+    * ``step(key, chains) -> (DDTState, PopulationInfo)``: :func:`step` with these settings."""
+    X = jnp.asarray(X)
+    num_chains = check_int("num_chains", num_chains, 1)
+    n = X.shape[-2]
+
+    def init_fn(key, trees=None, c=1.0, sigma=1.0, noise=0.0):
+        if trees is None:
+            dtype = jnp.result_type(X.dtype, float)
+            trees = jax.vmap(lambda k: sample_tree(k, c, n, dtype))(jax.random.split(key, num_chains))
+        return init(trees, X, c, sigma, noise)
+
+    def step_fn(key, chains):
+        return step(key, chains, X, subset_size=subset_size, temperature=temperature,
+                    hyperpriors=hyperpriors, within_chain=within_chain,
+                    num_subtree_moves=num_subtree_moves, time_step_size=time_step_size,
+                    pair_batching=pair_batching, chain_batching=chain_batching)
+
+    return SamplingAlgorithm(init_fn, step_fn)
 
 
 # ------------------------------------------------------------------------- NumPyro kernel

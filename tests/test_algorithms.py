@@ -1,0 +1,98 @@
+"""The one shape (``jaxbnp.inference.base.SamplingAlgorithm``, issue #39): every sampler's
+``algorithm(...)`` gives ``init(key, *position) -> State`` and ``step(key, state) ->
+(State, Info)``, whose step keeps the state's structure, shapes and dtypes (so chains are a
+``vmap`` and a run a ``lax.scan``), and takes the same step as the sampler's core function
+for the same key."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbnp as bnp
+from jaxbnp.inference.base import SamplingAlgorithm, run_steps
+from jaxbnp.inference.bhmc import sampler as bhmc
+from jaxbnp.inference.partition import moves, subcluster
+from jaxbnp.inference.trees import mcmc as ddt_mcmc
+from jaxbnp.inference.trees import population
+from jaxbnp.models import nested
+
+X = jnp.asarray(np.r_[np.linspace(-2.2, -1.8, 4), np.linspace(1.8, 2.2, 4)][:, None])
+NG = bnp.NormalGamma(0.0, 0.5, 2.0, 1.0)
+HYPER = nested.NestedHDP(depth=2, alpha=1.0, gamma0=1.0, gamma=1.0, Sigma=0.2 * np.eye(1), Sigma0=np.eye(1))
+# the path and component updates alone (a smaller program to compile; the sweep's other moves
+# are tests/test_bhmc.py's and tests/exact/test_bhmc_exact.py's)
+BHMC_CONFIG = bhmc.BHMCConfig(2, nested.default_node_capacity(8, 2), 6, update_beta=False, regraft=False,
+                              split_merge=0)
+
+
+def _same_structure(a, b):
+    chex.assert_trees_all_equal_structs(a, b)
+    chex.assert_trees_all_equal_shapes_and_dtypes(a, b)
+
+
+def _algorithms():
+    """``(name, algorithm, init arguments after the key, the core's own step)``."""
+    gibbs_move = moves.chain(moves.gibbs_sweep(), moves.update_u())
+    ctx = moves.Context(X, bnp.DP(1.0), NG)
+    tree = bnp.models.ddt.sample_tree(jax.random.key(5), 1.0, X.shape[0], X.dtype)
+    trees = jax.vmap(lambda k: bnp.models.ddt.sample_tree(k, 1.0, X.shape[0], X.dtype))(
+        jax.random.split(jax.random.key(6), 4))
+    model = bhmc.make_model(HYPER)
+    sub_move = subcluster.subcluster_move(2)
+    return [
+        ("moves", moves.algorithm(gibbs_move, X, bnp.DP(1.0), NG), (np.r_[np.zeros(4), np.ones(4)],),
+         lambda k, s: moves.step(k, s, ctx, gibbs_move)),
+        ("subcluster", subcluster.algorithm(X, bnp.DP(1.0), NG, num_launch_sweeps=2), (),
+         lambda k, s: moves.step(k, s, ctx, sub_move)),
+        ("trees.mcmc", ddt_mcmc.algorithm(X, num_subtree_moves=3), (tree, 1.0, 1.0, 0.1),
+         lambda k, s: ddt_mcmc.step(k, s, X, num_subtree_moves=3)),
+        # the exchange moves alone (the within-chain sweep is trees.mcmc's)
+        ("population", population.algorithm(X, 4, subset_size=2, within_chain=False), (trees, 1.0, 1.0, 0.1),
+         lambda k, s: population.step(k, s, X, subset_size=2, within_chain=False)),
+        ("bhmc", bhmc.algorithm(X, HYPER, model, BHMC_CONFIG), (),
+         lambda k, s: bhmc.step(k, s, X, model, BHMC_CONFIG)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(5), ids=["moves", "subcluster", "trees.mcmc", "population", "bhmc"])
+def test_every_sampler_has_the_one_shape(index):
+    name, alg, position, core_step = _algorithms()[index]
+    assert isinstance(alg, SamplingAlgorithm), name
+    state = alg.init(jax.random.key(1), *position)
+    # one program: the algorithm's step and the sampler's own step, same (legacy) key
+    both = jax.jit(lambda k, s: (alg.step(k, s), core_step(k, s)))
+    (new, info), (want, want_info) = both(jax.random.PRNGKey(2), state)
+    _same_structure(new, state)  # so a run is a lax.scan of step (run_steps), chains a vmap
+    chex.assert_trees_all_equal(new, want)
+    chex.assert_trees_all_equal(info, want_info)
+
+
+def test_run_steps_scans_the_step():
+    alg = moves.algorithm(moves.gibbs_sweep(), X, bnp.DP(1.0), NG)
+    state = alg.init(jax.random.key(0))
+    last, infos = run_steps(alg, jax.random.key(3), state, 3)
+    _same_structure(last, state)
+    s = state
+    for k in jax.random.split(jax.random.key(3), 3):
+        s, _ = alg.step(k, s)
+    chex.assert_trees_all_equal(last, s)
+    assert infos.mh.num_proposed.shape == (3,)
+
+
+def test_init_draws_the_start_it_is_not_given():
+    """Without a position, the tree samplers start from a draw of the prior (the key's)."""
+    alg = ddt_mcmc.algorithm(X)
+    a, b = alg.init(jax.random.key(0)), alg.init(jax.random.key(1))
+    assert not np.array_equal(np.asarray(a.tree.time), np.asarray(b.tree.time))
+    chex.assert_trees_all_equal(a, alg.init(jax.random.key(0)))
+    pop = population.algorithm(X, 3, subset_size=2).init(jax.random.key(0))
+    assert pop.tree.time.shape == (3, 2 * X.shape[0] - 1)
+    # a partition algorithm starts from one cluster, NGGP's u at its mode
+    state = moves.algorithm(moves.update_u(), X, bnp.NGGP(1.0, 0.3), NG).init(jax.random.key(0))
+    assert int(state.partition.clusters.num_clusters) == 1
+    assert float(state.partition.u) == pytest.approx(float(bnp.NGGP(1.0, 0.3).u_mode(jnp.array([8.0]))),
+                                                     rel=1e-6)
