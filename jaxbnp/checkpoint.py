@@ -35,6 +35,7 @@ Example
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import tempfile
@@ -52,6 +53,7 @@ __all__ = [
     "run_with_checkpoints",
     "resume",
     "check_resumable",
+    "RunSettings",
 ]
 
 _FORMAT = "jaxbnp-checkpoint"
@@ -385,3 +387,28 @@ def resume(
     if path is None:
         path = run.path
     return _continue(mcmc, run, remaining, every, path, args, kwargs, callback)
+
+
+class RunSettings:
+    """The settings a checkpointed run was started with, in a JSON file beside its checkpoint
+    (the command line's ``checkpoint_settings.json``): a resumed run must be given the same
+    ones, and takes the saved cluster ``capacity`` (the saved state has that many slots).
+
+    ``settings``: option name -> value (JSON-serialisable)."""
+
+    def __init__(self, path: str | os.PathLike, settings: dict):
+        self.path, self.settings = Path(path), dict(settings)
+
+    def write(self, capacity: int | None) -> None:
+        """Record the settings and the capacity the run now uses."""
+        self.path.write_text(json.dumps({**self.settings, "capacity": capacity}) + "\n")
+
+    def check_resume(self) -> int | None:
+        """The saved capacity, after checking every saved setting against this run's; a
+        ``ValueError`` names the first that differs."""
+        saved = json.loads(self.path.read_text())
+        for name, value in self.settings.items():
+            if saved[name] != value:
+                raise ValueError(f"the checkpoint was made with --{name} {saved[name]}, not "
+                                 f"{value}; pass the same options.")
+        return saved["capacity"]

@@ -158,6 +158,7 @@ def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
     import jax
 
     from .inference import PARTITION_KERNELS
+    from .checkpoint import RunSettings
     from .inference.runner import run
     from .models import DP, mixture_model
 
@@ -169,22 +170,20 @@ def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
                    else int(np.max(init_params["z"])) + 1)
         capacity = defaults.capacity_for_start(capacity, planned, len(X))
     checkpoint = Path(args.out) / "checkpoint.pkl"
-    settings_file = Path(args.out) / "checkpoint_settings.json"
-    settings = {k: getattr(args, k) for k in ("method", "family", "alpha", "chains", "seed")}
+    settings = RunSettings(Path(args.out) / "checkpoint_settings.json",
+                           {k: getattr(args, k) for k in ("method", "family", "alpha", "chains", "seed")})
     if args.resume:
         if not checkpoint.exists():
             raise SystemExit(f"jaxbnp: --resume: no checkpoint at {checkpoint}; run with "
                              "--checkpoint-every N first.")
-        saved = json.loads(settings_file.read_text())
-        for name in settings:
-            if saved[name] != settings[name]:
-                raise SystemExit(f"jaxbnp: --resume: the checkpoint was made with --{name} "
-                                 f"{saved[name]}, not {settings[name]}; pass the same options.")
-        capacity = saved["capacity"]  # the saved state has this many cluster slots
+        try:
+            capacity = settings.check_resume()  # the saved state has this many cluster slots
+        except ValueError as exc:
+            raise SystemExit(f"jaxbnp: --resume: {exc}") from None
 
     def write_settings(capacity):
         if args.checkpoint_every and not args.resume:
-            settings_file.write_text(json.dumps({**settings, "capacity": capacity}) + "\n")
+            settings.write(capacity)
 
     def restarting(capacity):
         print(f"jaxbnp: all cluster slots used; restarting with capacity={capacity}", file=sys.stderr)
@@ -592,42 +591,21 @@ def _extend_labels(X: np.ndarray, fit_idx, labels: np.ndarray) -> np.ndarray:
     return out
 
 
-def _distances(X: np.ndarray) -> np.ndarray:
-    """Euclidean distances between the rows of ``X``, ``(n, n)`` float64."""
-    X = X.astype(np.float64)
-    return np.sqrt(np.maximum(np.sum((X[:, None, :] - X[None, :, :]) ** 2, axis=-1), 0.0))
-
-
-def _silhouette(D: np.ndarray, labels: np.ndarray) -> float:
-    """Mean silhouette width from the distances ``D`` (:func:`_distances`); 0 for one cluster
-    or all singletons."""
-    ks = np.unique(labels)
-    if len(ks) < 2 or len(ks) == len(labels):
-        return 0.0
-    onehot = labels[:, None] == ks[None, :]
-    sizes = onehot.sum(0)
-    mean_d = (D @ onehot) / sizes  # (n, K): mean distance to each cluster (own included)
-    own = np.argmax(onehot, axis=1)
-    n_own = sizes[own]
-    rows = np.arange(len(labels))
-    a = np.where(n_own > 1, mean_d[rows, own] * n_own / np.maximum(n_own - 1, 1), 0.0)
-    mean_d[rows, own] = np.inf
-    b = mean_d.min(axis=1)
-    s = np.where(n_own > 1, (b - a) / np.maximum(np.maximum(a, b), 1e-300), 0.0)
-    return float(s.mean())
-
-
 def _cut_by_silhouette(tree, X: np.ndarray, max_clusters: int = 30) -> np.ndarray:
     """The diffusion tree's cut into ``K`` clusters (``K − 1`` earliest divergences) whose
     mean silhouette width on ``X`` is largest, for ``K`` from 2 to ``max_clusters``."""
     from .models.ddt import cut_tree
 
+    from sklearn.metrics import pairwise_distances, silhouette_score
+
     n = X.shape[0]
-    D = _distances(X)
+    D = pairwise_distances(X.astype(np.float64))
     best, best_score = None, -np.inf
     for k in range(2, min(max_clusters, n - 1) + 1):
         labels = np.asarray(cut_tree(tree, num_clusters=k))
-        score = _silhouette(D, labels)
+        # scikit-learn's mean silhouette width; 0 for one cluster or all singletons
+        score = (silhouette_score(D, labels, metric="precomputed")
+                 if 2 <= len(np.unique(labels)) < n else 0.0)
         if score > best_score:
             best, best_score = labels, score
     return best if best is not None else np.zeros(n, np.int64)

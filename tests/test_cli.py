@@ -229,11 +229,16 @@ def test_helpers_start_silhouette_nearest_labels():
         assert sorted(np.bincount(z, minlength=3)) == [15, 20, 25]
     args.init = "one"
     assert cli._initial_partition(args, X) is None
-    noisy = labels.copy()
-    noisy[:4] = (noisy[:4] + 1) % 3
-    D = cli._distances(X)
-    assert cli._silhouette(D, noisy) == pytest.approx(silhouette_score(X, noisy), rel=1e-10)
-    assert cli._silhouette(D, np.zeros(len(X), int)) == 0.0
+    # the DDT's cut: the K (2..30) of largest scikit-learn silhouette on X
+    import jax
+
+    from jaxbnp.models.ddt import cut_tree, sample_tree
+
+    tree = sample_tree(jax.random.key(3), 1.0, len(X))
+    scores = {k: silhouette_score(X, np.asarray(cut_tree(tree, num_clusters=k))) for k in range(2, 31)}
+    best = max(scores, key=scores.get)
+    np.testing.assert_array_equal(cli._cut_by_silhouette(tree, X),
+                                  np.asarray(cut_tree(tree, num_clusters=best)))
     idx = np.arange(0, 60, 3)
     out = cli._extend_labels(X, idx, labels[idx])
     np.testing.assert_array_equal(out, labels)  # well separated: each point's nearest fitted one agrees
