@@ -55,6 +55,15 @@ def test_loggamma_redraws_entries_whose_candidates_were_all_rejected(a, dtype):
     # legacy key data gives the same draws as the typed key
     again = _random.loggamma_from_uniform(u, shape, jax.random.PRNGKey(4))
     np.testing.assert_array_equal(np.asarray(again, np.float64), g)
+    # entries of two shapes, every one redrawn: the loop tries a few entries per trip, each
+    # with its own shape's constants (the halves follow their own laws, not each other's)
+    other = 3.0 * a + 1.0
+    mixed = jnp.where(jnp.arange(N) % 2 == 0, jnp.asarray(a, dtype), jnp.asarray(other, dtype))
+    g = np.asarray(_random.loggamma_from_uniform(u, mixed, jax.random.key(5)), np.float64)
+    assert np.all(np.isfinite(g))
+    assert _ks(g[0::2], lambda x: stats.gamma(a).cdf(np.exp(x))) > P_MIN
+    assert _ks(g[1::2], lambda x: stats.gamma(other).cdf(np.exp(x))) > P_MIN
+    assert _ks(g[1::2], lambda x: stats.gamma(a).cdf(np.exp(x))) < P_MIN
 
 
 def test_log_dirichlet_and_zero_concentrations():
