@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,9 +61,15 @@ from jax import lax
 from numpyro import handlers
 from numpyro.distributions import constraints
 
+from .._math import solve_triangular
 from ..errors import CapacityError
 
 __all__ = [
+    "BHMCModel",
+    "make_model",
+    "mvn_logpdf",
+    "full_path",
+    "ncrp_log_prob",
     "NestedCRP",
     "NestedHDP",
     "check_covariance",
@@ -153,6 +159,55 @@ class NestedHDP:
     @property
     def dim(self) -> int:
         return int(self.Sigma.shape[0])
+
+
+# ------------------------------------------------------------------------- model constants
+# What BHMC's moves evaluate of the model (docs/mathematics.md §6): the Gaussian base measure
+# and kernel as factored arrays, and the nCRP's path probabilities.
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+class BHMCModel(NamedTuple):
+    """Model constants as arrays: ``H = N(mu0, Sigma0)``, ``f = N(θ, Sigma)`` and their factors."""
+
+    mu0: jax.Array
+    chol_sigma: jax.Array        # chol(Σ)
+    prec_sigma: jax.Array        # Σ⁻¹
+    prec0: jax.Array             # Σ0⁻¹
+    prec0_mu0: jax.Array         # Σ0⁻¹ μ0
+    chol_marginal: jax.Array     # chol(Σ0 + Σ): f*
+    chol_single: jax.Array       # chol((Σ0⁻¹ + Σ⁻¹)⁻¹): θ | one point
+
+
+def make_model(hyper: NestedHDP, dtype=None) -> BHMCModel:
+    """Factor the covariances of ``hyper`` on the host (NumPy, float64) into a :class:`BHMCModel`."""
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    S, S0, mu0 = hyper.Sigma, hyper.Sigma0, hyper.mu0
+    prec, prec0 = np.linalg.inv(S), np.linalg.inv(S0)
+    single = np.linalg.inv(prec0 + prec)
+    arrs = (mu0, np.linalg.cholesky(S), prec, prec0, prec0 @ mu0, np.linalg.cholesky(S0 + S),
+            np.linalg.cholesky((single + single.T) / 2))
+    return BHMCModel(*(jnp.asarray(a, dtype) for a in arrs))
+
+
+def mvn_logpdf(x, mean, chol):
+    """``log N(x | mean, L Lᵀ)`` of each row of ``x`` for the Cholesky factor ``chol = L``."""
+    z = solve_triangular(chol, (x - mean).T, lower=True)
+    return (-0.5 * jnp.sum(z * z, axis=0) - jnp.sum(jnp.log(jnp.diag(chol)))
+            - 0.5 * chol.shape[0] * LOG_2PI)
+
+
+def full_path(row):
+    """A point's path ``(L,)`` with the root (node 0) in front: ``(L+1,)``."""
+    return jnp.concatenate([jnp.zeros(1, row.dtype), row])
+
+
+def ncrp_log_prob(full, count_minus, alpha):
+    """``log nCRP(v; V∖{v_n})`` of a full path ``(L+1,)`` given counts without point ``n``."""
+    cm = count_minus[full]
+    here = cm[1:]
+    log_num = jnp.where(here > 0, jnp.log(jnp.maximum(here, 1).astype(alpha.dtype)), jnp.log(alpha))
+    return jnp.sum(log_num - jnp.log(cm[:-1] + alpha))
 
 
 def default_node_capacity(num_points: int, depth: int) -> int:

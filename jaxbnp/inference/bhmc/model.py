@@ -1,23 +1,44 @@
-"""BHMC's containers and constants: settings (:class:`BHMCConfig`), model constants
-(:func:`make_model`), the sampler's state and per-sweep information, and the small helpers
-every move shares (docs/mathematics.md §6)."""
+"""BHMC's containers: settings (:class:`BHMCConfig`), the sampler's state and per-sweep
+information, and the small helpers every move shares (docs/mathematics.md §6). The model's
+constants (:class:`BHMCModel`, :func:`make_model`) and the nCRP and Gaussian pieces
+(:func:`full_path`, :func:`ncrp_log_prob`, :func:`mvn_logpdf`) are the model's:
+:mod:`jaxbnp.models.nested`, re-exported here."""
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ..._math import solve_triangular
 from ..._random import log_dirichlet
-from ...models.nested import (
-    NestedHDP,
+from ...models.nested import (  # the model's constants and nCRP pieces, re-exported here
+    LOG_2PI,
+    BHMCModel,
+    full_path,
+    make_model,
+    mvn_logpdf,
+    ncrp_log_prob,
 )
 
-LOG_2PI = math.log(2.0 * math.pi)
+__all__ = [
+    "FAST_COMPILE",
+    "BHMCConfig",
+    "BHMCState",
+    "BHMCHyper",
+    "PointInfo",
+    "HyperInfo",
+    "BHMCInfo",
+    "log_dirichlet_logc",
+    "log_acceptance",
+    "LOG_2PI",
+    "BHMCModel",
+    "full_path",
+    "make_model",
+    "mvn_logpdf",
+    "ncrp_log_prob",
+]
+
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
@@ -55,18 +76,6 @@ class BHMCConfig(NamedTuple):
     beta_mh_scale: float = 0.3
     regraft: bool = True
     split_merge: int = 1
-
-
-class BHMCModel(NamedTuple):
-    """Model constants as arrays: ``H = N(mu0, Sigma0)``, ``f = N(θ, Sigma)`` and their factors."""
-
-    mu0: jax.Array
-    chol_sigma: jax.Array        # chol(Σ)
-    prec_sigma: jax.Array        # Σ⁻¹
-    prec0: jax.Array             # Σ0⁻¹
-    prec0_mu0: jax.Array         # Σ0⁻¹ μ0
-    chol_marginal: jax.Array     # chol(Σ0 + Σ): f*
-    chol_single: jax.Array       # chol((Σ0⁻¹ + Σ⁻¹)⁻¹): θ | one point
 
 
 class BHMCState(NamedTuple):
@@ -140,39 +149,9 @@ class BHMCInfo(NamedTuple):
     num_split_merge: jax.Array
 
 
-# ------------------------------------------------------------------------------ model constants
-def make_model(hyper: NestedHDP, dtype=None) -> BHMCModel:
-    """Factor the covariances of ``hyper`` on the host (NumPy, float64) into a :class:`BHMCModel`."""
-    dtype = jnp.result_type(float) if dtype is None else dtype
-    S, S0, mu0 = hyper.Sigma, hyper.Sigma0, hyper.mu0
-    prec, prec0 = np.linalg.inv(S), np.linalg.inv(S0)
-    single = np.linalg.inv(prec0 + prec)
-    arrs = (mu0, np.linalg.cholesky(S), prec, prec0, prec0 @ mu0, np.linalg.cholesky(S0 + S),
-            np.linalg.cholesky((single + single.T) / 2))
-    return BHMCModel(*(jnp.asarray(a, dtype) for a in arrs))
-
-
-def mvn_logpdf(x, mean, chol):
-    z = solve_triangular(chol, (x - mean).T, lower=True)
-    return (-0.5 * jnp.sum(z * z, axis=0) - jnp.sum(jnp.log(jnp.diag(chol)))
-            - 0.5 * chol.shape[0] * LOG_2PI)
-
-
 def log_dirichlet_logc(key, log_conc):
     """``log`` of ``Dir(exp(log_conc))`` along the last axis; ``−inf`` entries stay zero weight."""
     return log_dirichlet(key, jnp.exp(log_conc))
-
-
-def full_path(row):
-    return jnp.concatenate([jnp.zeros(1, row.dtype), row])
-
-
-def ncrp_log_prob(full, count_minus, alpha):
-    """``log nCRP(v; V∖{v_n})`` of a full path ``(L+1,)`` given counts without point ``n``."""
-    cm = count_minus[full]
-    here = cm[1:]
-    log_num = jnp.where(here > 0, jnp.log(jnp.maximum(here, 1).astype(alpha.dtype)), jnp.log(alpha))
-    return jnp.sum(log_num - jnp.log(cm[:-1] + alpha))
 
 
 def log_acceptance(lik_new, lik_old, prior_new, prior_old, q_fwd, q_back):
