@@ -18,9 +18,15 @@ shapes and dtypes, so chains are ``jax.vmap`` over both functions and a run is a
 * :func:`jaxbnp.inference.trees.population.algorithm`: population MCMC over trees;
 * :func:`jaxbnp.inference.bhmc.sweep.algorithm`: BHMC's Algorithm 2.
 
-The NumPyro kernels (``CollapsedGibbs``, ``SubClusterMCMC``, ...) run the same steps for
-users of ``numpyro.infer.MCMC``: for the same key and start, ``algorithm(...).step`` is the
-step they take (``tests/test_architecture.py``).
+The NumPyro kernels are thin wrappers for users of ``numpyro.infer.MCMC`` and
+``numpyro.infer.Gibbs``: at each step they read the model's current values (data,
+measure, family, hyperparameters that NUTS may have moved), build the sampler's
+algorithm with them (free under tracing: a closure) and take its ``step``. The partition
+kernels (``CollapsedGibbs``, ``SplitMerge``, ``TreeGuidedMCMC``, ``SubClusterMCMC``,
+``PartitionKernel``) through :func:`~jaxbnp.inference.partition.moves.algorithm`,
+``DiffusionTreeMCMC`` and ``PopulationDDT``'s within-chain sweeps through
+:func:`~jaxbnp.inference.trees.mcmc.algorithm`, ``BHMCKernel`` through
+:func:`~jaxbnp.inference.bhmc.sweep.algorithm`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from .start import (
     init_from,
 )
 from .sweep import (
-    step,
+    algorithm,
 )
 
 
@@ -124,17 +124,18 @@ class BHMCKernel(MCMCKernel):
                            model_args=model_args, model_kwargs=model_kwargs)
 
     def sample(self, state, model_args, model_kwargs):
-        X, model, _ = model_args
+        X, model, hyper = model_args
+        core = algorithm(X, hyper, model, self.config)  # the pure core, this run's values
         if jnp.ndim(state.iteration) == 0:
-            return self._sample_one(state, X, model)
-        return lax.map(lambda s: self._sample_one(s, X, model), state)
+            return self._sample_one(state, X, core)
+        return lax.map(lambda s: self._sample_one(s, X, core), state)
 
-    def _sample_one(self, ks: BHMCKernelState, X, model) -> BHMCKernelState:
+    def _sample_one(self, ks: BHMCKernelState, X, core) -> BHMCKernelState:
         key = jax.random.fold_in(jax.random.fold_in(ks.rng_key, ks.iteration), ks.chain)
         sample, info = lax.cond(
             ks.sample.overflow,
             lambda s: (s, no_moves(X.shape[0])),
-            lambda s: step(key, s, X, model, self.config),
+            lambda s: core.step(key, s),
             ks.sample)
         better = (ks.iteration >= ks.num_warmup) & (sample.log_lik > ks.best.log_lik)
         best = jax.tree.map(lambda a, b: jnp.where(better, a, b), sample, ks.best)

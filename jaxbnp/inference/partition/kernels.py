@@ -431,10 +431,10 @@ class PartitionKernel(DiscreteSiteKernel):
     def _sample_one(self, state, spec, move, model_args, model_kwargs):
         measure, family, X, u, priors = self._read(state.z, model_args, model_kwargs)
         key, k_step, k_alpha, k_sigma = jax.random.split(state.rng_key, 4)
-        # partition moves, then (NGGP) u: the pure core step
-        ctx = moves.Context(X, measure, family, state.chain_id)
-        kernel_state, info = moves.step(
-            k_step, moves.KernelState(PartitionState(state.clusters, u), state.moves), ctx, move
+        # partition moves, then (NGGP) u: the pure core's step, with the model's values now
+        core = moves.algorithm(move, X, measure, family, state.clusters.capacity, state.chain_id)
+        kernel_state, info = core.step(
+            k_step, moves.KernelState(PartitionState(state.clusters, u), state.moves)
         )
         clusters, u = kernel_state.partition
         if clusters.capacity < spec.num_points and self.host_overflow_check:

@@ -293,7 +293,8 @@ def step(key: jax.Array, state: KernelState, ctx: Context, move: Move) -> tuple[
     return KernelState(partition, move_state), KernelInfo(info, mh_summary(info))
 
 
-def algorithm(move: Move, X, measure, family, capacity: int | None = None) -> SamplingAlgorithm:
+def algorithm(move: Move, X, measure, family, capacity: int | None = None,
+              chain_id=None) -> SamplingAlgorithm:
     """The kernel of ``move`` on the data ``X`` in the one shape
     (:class:`~jaxbnp.inference.base.SamplingAlgorithm`):
 
@@ -302,6 +303,9 @@ def algorithm(move: Move, X, measure, family, capacity: int | None = None) -> Sa
       (``None``: its conditional mode given the partition; 1 for other measures);
       ``key`` is not used (the start is given);
     * ``step(key, state) -> (KernelState, KernelInfo)``: :func:`step`.
+
+    ``chain_id`` (an int32 id) keys host-side state per chain (:class:`Context`); the
+    NumPyro kernels pass theirs and run their steps through this function.
 
     >>> import jax, jax.numpy as jnp, jaxbnp as bnp
     >>> from jaxbnp.inference.partition import moves
@@ -315,7 +319,7 @@ def algorithm(move: Move, X, measure, family, capacity: int | None = None) -> Sa
     X = jnp.asarray(X)
     n = X.shape[0]
     capacity = n if capacity is None else check_int("capacity", capacity, 1)
-    ctx = Context(X, measure, family)
+    ctx = Context(X, measure, family, chain_id)
 
     def init_fn(key, labels=None, u=None):
         del key  # the start is given

@@ -690,7 +690,8 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         return self._init_chains(spec, rng_key, init_params, model_args, model_kwargs)
 
     def _core_step(self, key, z, chain, model_args, model_kwargs):
-        """Read the model at ``z``, then :func:`step` (the pure core); returns ``(z, chain, info)``."""
+        """Read the model at ``z``, then the pure core's step (:func:`algorithm` with the model's
+        values); returns ``(z, chain, info)``."""
         r = self._read(z, model_args, model_kwargs)
         spec = r.spec
         # the cached terms are current: values set by other kernels arrive through refresh
@@ -698,10 +699,9 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         chain = chain._replace(
             c=jnp.asarray(r.c, dtype), sigma=jnp.asarray(r.sigma, dtype), noise=jnp.asarray(r.noise, dtype)
         )
-        chain, info = step(
-            key, chain, r.X, r.priors,
-            num_subtree_moves=self._num_subtree_moves, time_step_size=self._time_step_size,
-        )
+        core = algorithm(r.X, r.priors, num_subtree_moves=self._num_subtree_moves,
+                         time_step_size=self._time_step_size)
+        chain, info = core.step(key, chain)
         z = dict(z)
         z[spec.tree_site] = chain.tree
         for name, value in ((spec.c_site, chain.c), (spec.sigma_site, chain.sigma), (spec.noise_site, chain.noise)):
