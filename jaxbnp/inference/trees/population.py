@@ -455,7 +455,7 @@ def algorithm(X, num_chains: int, *, subset_size: int, temperature: Any = 1.0,
 
     * ``init(key, trees=None, c=1.0, sigma=1.0, noise=0.0) -> DDTState`` (leading axis
       ``num_chains``): :func:`init` at the given trees, or at ``num_chains`` draws from the
-      DDT prior (keys ``jax.random.split(key, num_chains)``);
+      DDT prior with divergence ``c`` (a scalar; keys ``jax.random.split(key, num_chains)``);
     * ``step(key, chains) -> (DDTState, PopulationInfo)``: :func:`step` with these settings."""
     X = jnp.asarray(X)
     num_chains = check_int("num_chains", num_chains, 1)
