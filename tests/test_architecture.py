@@ -10,6 +10,9 @@
   MATH.md or ARCHITECTURE.md;
 * every jaxbnp module imported exists;
 * no library file over ``MAX_FILE_LINES`` (1,000) lines;
+* every sampler's module gives the one shape (``algorithm``);
+* no module-level mutable state in ``jaxbnp.inference`` beyond the caches of compiled
+  programs (and tgMCMC's host store, still to go);
 * ``[project] dependencies`` are what the package imports at import time (an
   import inside a function, or one guarded by ``except ImportError``, may come
   from an extra).
@@ -224,6 +227,46 @@ def test_every_sampler_module_gives_the_one_shape():
         assert "algorithm" in _top_level_functions(module), f"{module} has no algorithm(...)"
     # the check sees a module without one
     assert "algorithm" not in _top_level_functions("jaxbnp.inference.partition.gibbs")
+
+
+#: module-level state allowed in jaxbnp.inference: caches of compiled programs, and (issue #39,
+#: still to go) tgMCMC's store of host trees, which is to move behind an explicit reference
+_ALLOWED_STATE = {
+    "jaxbnp.inference.runner": {"_PROGRAMS", "_COMPILED"},
+    "jaxbnp.inference.tgmcmc.host": {"_RUN_IDS", "_HOSTS", "_HOSTS_LOCK"},
+}
+_MUTABLE_CALLS = ("dict", "list", "set", "OrderedDict", "defaultdict", "deque", "Lock", "RLock",
+                  "count", "local", "WeakKeyDictionary", "WeakValueDictionary")
+
+
+def _module_state(source: str) -> set:
+    """Names a module binds at its top level to a mutable container, a lock or a counter,
+    except ``__all__`` and public UPPER_CASE constant tables."""
+    found = set()
+    for node in ast.parse(source).body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        value = node.value
+        mutable = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp))
+        if isinstance(value, ast.Call):
+            mutable = ast.unparse(value.func).split(".")[-1] in _MUTABLE_CALLS
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            name = ast.unparse(target)
+            constant = name.isupper() and not name.startswith("_")
+            if mutable and name != "__all__" and not constant:
+                found.add(name)
+    return found
+
+
+def test_no_module_level_mutable_state_in_inference():
+    assert _module_state("import threading\n_STORE = {}\n_LOCK = threading.Lock()\nTABLE = {}\n") == \
+        {"_STORE", "_LOCK"}, "the check sees state"
+    for module in MODULES:
+        if module.startswith("jaxbnp.inference"):
+            state = _module_state(MODULES[module].read_text(encoding="utf-8"))
+            extra = state - _ALLOWED_STATE.get(module, set())
+            assert not extra, f"{module} keeps module-level state {sorted(extra)}: put it in the state"
 
 
 def test_no_import_cycle():
