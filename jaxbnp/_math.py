@@ -8,6 +8,7 @@ float64 with ``NUMPY_MATH``. The host form serves tree code that runs inside an
 
 from __future__ import annotations
 
+import math
 import types
 
 import jax
@@ -16,9 +17,11 @@ import numpy as np
 import scipy.special as _scipy_special
 from jax.scipy.special import gammaln, multigammaln
 
-__all__ = ["JAX_MATH", "NUMPY_MATH"]
+__all__ = ["JAX_MATH", "NUMPY_MATH", "LOG_2PI"]
 
 _LOG_PI = float(np.log(np.pi))
+#: log(2π), the Gaussian densities' constant
+LOG_2PI = math.log(2.0 * math.pi)
 
 
 def _numpy_multigammaln(a, d: int):

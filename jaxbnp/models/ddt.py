@@ -65,6 +65,7 @@ from jax import lax
 from numpyro.distributions import constraints
 
 from .._loops import DROP, chain_while
+from .._math import LOG_2PI
 
 __all__ = [
     "Tree", "DiffusionTree", "BrownianLeaves",
@@ -78,7 +79,6 @@ __all__ = [
     "cut_tree", "to_linkage", "from_linkage",
 ]
 
-_LOG_2PI = math.log(2.0 * math.pi)
 
 
 class Tree(NamedTuple):
@@ -297,7 +297,7 @@ def _combine(mu_a, var_a, t_a, mu_b, var_b, t_b, t_v, sig2):
     vb = var_b + sig2 * (t_b - t_v)
     s = va + vb
     diff = mu_a - mu_b
-    term = -0.5 * mu_a.shape[-1] * (_LOG_2PI + jnp.log(s)) - 0.5 * jnp.sum(diff * diff, -1) / s
+    term = -0.5 * mu_a.shape[-1] * (LOG_2PI + jnp.log(s)) - 0.5 * jnp.sum(diff * diff, -1) / s
     return (mu_a * vb + mu_b * va) / s, va * vb / s, term
 
 
@@ -312,7 +312,7 @@ def _node_row(rows, a, b, v, time, sig2):
 def _root_term(mu, var, t, sig2):
     """Log density of the root's message under the Brownian motion from 0 at time 0."""
     v = var + sig2 * t
-    return -0.5 * mu.shape[-1] * (_LOG_2PI + jnp.log(v)) - 0.5 * jnp.sum(mu * mu, -1) / v
+    return -0.5 * mu.shape[-1] * (LOG_2PI + jnp.log(v)) - 0.5 * jnp.sum(mu * mu, -1) / v
 
 
 class Messages(NamedTuple):

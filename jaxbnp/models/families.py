@@ -50,6 +50,7 @@ from jax.scipy.special import gammaln
 
 from .. import _math
 from .._math import JAX_MATH as _JAX_MATH
+from .._math import LOG_2PI
 from .._math import NUMPY_MATH as _NUMPY_MATH
 
 from .._pytree import ParameterPytree, concrete_value, real_parameter
@@ -69,7 +70,6 @@ __all__ = [
     "BetaBernoulli",
 ]
 
-_LOG_2PI = math.log(2.0 * math.pi)
 _LOG_PI = math.log(math.pi)
 
 
@@ -334,7 +334,7 @@ class NormalGamma(Family):
             p, "log_marginal_prior",
             lambda: -m.gammaln(p.a0) + p.a0 * xp.log(p.b0) + 0.5 * xp.log(p.k0),
         )
-        per_dim = prior + m.gammaln(an) - an * xp.log(bn) - 0.5 * xp.log(kn) - 0.5 * n * _LOG_2PI
+        per_dim = prior + m.gammaln(an) - an * xp.log(bn) - 0.5 * xp.log(kn) - 0.5 * n * LOG_2PI
         return m.sum(per_dim, axis=-1)
 
     def predictive_params(self, stats):
@@ -385,7 +385,7 @@ class NormalGamma(Family):
         X = jnp.asarray(X)
         mu, lam = params.mean, params.precision
         d = X.shape[-1]
-        const = 0.5 * jnp.sum(jnp.log(lam), -1) - 0.5 * jnp.sum(lam * mu * mu, -1) - 0.5 * d * _LOG_2PI
+        const = 0.5 * jnp.sum(jnp.log(lam), -1) - 0.5 * jnp.sum(lam * mu * mu, -1) - 0.5 * d * LOG_2PI
         # one matrix product: [x², x, 1] against [−λ/2, λμ, const] (one pass over the output)
         feats = jnp.concatenate([X * X, X, jnp.ones(X.shape[:-1] + (1,), X.dtype)], -1)
         table = jnp.concatenate([-0.5 * lam, lam * mu, const[:, None]], -1)
@@ -398,7 +398,7 @@ class NormalGamma(Family):
         mu, lam = params.mean[index], params.precision[index]  # (n, m, D)
         diff = X[:, None, :] - mu
         d = X.shape[-1]
-        return 0.5 * jnp.sum(jnp.log(lam) - lam * diff * diff, -1) - 0.5 * d * _LOG_2PI
+        return 0.5 * jnp.sum(jnp.log(lam) - lam * diff * diff, -1) - 0.5 * d * LOG_2PI
 
     def validate_data(self, X):
         m0 = concrete_value(self.m0)
@@ -774,7 +774,7 @@ class NormalWishart(Family):
         chol = _math.cholesky(P)
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), -1)
         Pmu = jnp.sum(P * mu[:, None, :], -1)  # (K, D)
-        const = 0.5 * logdet - 0.5 * jnp.sum(Pmu * mu, -1) - 0.5 * d * _LOG_2PI
+        const = 0.5 * logdet - 0.5 * jnp.sum(Pmu * mu, -1) - 0.5 * d * LOG_2PI
         xx = (X[:, :, None] * X[:, None, :]).reshape(n, d * d)
         # one matrix product: [x xᵀ, x, 1] against [−Λ/2, Λμ, const] (one pass over the output)
         feats = jnp.concatenate([xx, X, jnp.ones((n, 1), X.dtype)], -1)

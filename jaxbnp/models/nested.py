@@ -61,7 +61,7 @@ from jax import lax
 from numpyro import handlers
 from numpyro.distributions import constraints
 
-from .._math import solve_triangular
+from .._math import LOG_2PI, solve_triangular
 from ..errors import CapacityError
 
 __all__ = [
@@ -164,7 +164,6 @@ class NestedHDP:
 # ------------------------------------------------------------------------- model constants
 # What BHMC's moves evaluate of the model (docs/mathematics.md §6): the Gaussian base measure
 # and kernel as factored arrays, and the nCRP's path probabilities.
-LOG_2PI = math.log(2.0 * math.pi)
 
 
 class BHMCModel(NamedTuple):

@@ -11,9 +11,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..._math import LOG_2PI
 from ..._random import log_dirichlet
 from ...models.nested import (  # the model's constants and nCRP pieces, re-exported here
-    LOG_2PI,
     BHMCModel,
     full_path,
     make_model,

@@ -49,7 +49,6 @@ within-chain sweep; ``fit_ddt`` takes ``k = min(n // 4, 8)`` by default.
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -61,6 +60,7 @@ from jax.scipy.special import logsumexp
 from numpyro.util import is_prng_key
 
 from ..._cache import auto_enable
+from ..._math import LOG_2PI
 from ..._random import typed_key
 from ..._validation import check_int
 from ...models.ddt import (
@@ -77,7 +77,6 @@ __all__ = [
     "PopulationDDTState",
 ]
 
-_LOG_2PI = math.log(2.0 * math.pi)
 
 
 class ExchangeInfo(NamedTuple):
@@ -131,7 +130,7 @@ def detach_leaves(tree: Tree, leaves: jax.Array) -> Detached:
 def _log_normal(x, mean, var, d):
     """``log N(x; mean, var I_d)`` for ``d``-vectors and a scalar variance."""
     diff = x - mean
-    return -0.5 * d * (_LOG_2PI + jnp.log(var)) - 0.5 * jnp.sum(diff * diff, -1) / var
+    return -0.5 * d * (LOG_2PI + jnp.log(var)) - 0.5 * jnp.sum(diff * diff, -1) / var
 
 
 def candidate_log_likelihoods(tree: Tree, root, in_tree, X, sigma, noise, leaf, d, order=None):
