@@ -34,33 +34,47 @@ def _same_structure(a, b):
     chex.assert_trees_all_equal_shapes_and_dtypes(a, b)
 
 
-def _algorithms():
-    """``(name, algorithm, init arguments after the key, the core's own step)``."""
-    gibbs_move = moves.chain(moves.gibbs_sweep(), moves.update_u())
+def _moves():
+    move = moves.chain(moves.gibbs_sweep(), moves.update_u())
     ctx = moves.Context(X, bnp.DP(1.0), NG)
+    return (moves.algorithm(move, X, bnp.DP(1.0), NG), (np.r_[np.zeros(4), np.ones(4)],),
+            lambda k, s: moves.step(k, s, ctx, move))
+
+
+def _subcluster():
+    move, ctx = subcluster.subcluster_move(2), moves.Context(X, bnp.DP(1.0), NG)
+    return (subcluster.algorithm(X, bnp.DP(1.0), NG, num_launch_sweeps=2), (),
+            lambda k, s: moves.step(k, s, ctx, move))
+
+
+def _trees_mcmc():
     tree = bnp.models.ddt.sample_tree(jax.random.key(5), 1.0, X.shape[0], X.dtype)
+    return (ddt_mcmc.algorithm(X, num_subtree_moves=3), (tree, 1.0, 1.0, 0.1),
+            lambda k, s: ddt_mcmc.step(k, s, X, num_subtree_moves=3))
+
+
+def _population():
+    # the exchange moves alone (the within-chain sweep is trees.mcmc's)
     trees = jax.vmap(lambda k: bnp.models.ddt.sample_tree(k, 1.0, X.shape[0], X.dtype))(
         jax.random.split(jax.random.key(6), 4))
+    return (population.algorithm(X, 4, subset_size=2, within_chain=False), (trees, 1.0, 1.0, 0.1),
+            lambda k, s: population.step(k, s, X, subset_size=2, within_chain=False))
+
+
+def _bhmc():
     model = bhmc.make_model(HYPER)
-    sub_move = subcluster.subcluster_move(2)
-    return [
-        ("moves", moves.algorithm(gibbs_move, X, bnp.DP(1.0), NG), (np.r_[np.zeros(4), np.ones(4)],),
-         lambda k, s: moves.step(k, s, ctx, gibbs_move)),
-        ("subcluster", subcluster.algorithm(X, bnp.DP(1.0), NG, num_launch_sweeps=2), (),
-         lambda k, s: moves.step(k, s, ctx, sub_move)),
-        ("trees.mcmc", ddt_mcmc.algorithm(X, num_subtree_moves=3), (tree, 1.0, 1.0, 0.1),
-         lambda k, s: ddt_mcmc.step(k, s, X, num_subtree_moves=3)),
-        # the exchange moves alone (the within-chain sweep is trees.mcmc's)
-        ("population", population.algorithm(X, 4, subset_size=2, within_chain=False), (trees, 1.0, 1.0, 0.1),
-         lambda k, s: population.step(k, s, X, subset_size=2, within_chain=False)),
-        ("bhmc", bhmc.algorithm(X, HYPER, model, BHMC_CONFIG), (),
-         lambda k, s: bhmc.step(k, s, X, model, BHMC_CONFIG)),
-    ]
+    return (bhmc.algorithm(X, HYPER, model, BHMC_CONFIG), (),
+            lambda k, s: bhmc.step(k, s, X, model, BHMC_CONFIG))
 
 
-@pytest.mark.parametrize("index", range(5), ids=["moves", "subcluster", "trees.mcmc", "population", "bhmc"])
-def test_every_sampler_has_the_one_shape(index):
-    name, alg, position, core_step = _algorithms()[index]
+#: each sampler: ``() -> (algorithm, init arguments after the key, the core's own step)``
+ALGORITHMS = {"moves": _moves, "subcluster": _subcluster, "trees.mcmc": _trees_mcmc,
+              "population": _population, "bhmc": _bhmc}
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_every_sampler_has_the_one_shape(name):
+    alg, position, core_step = ALGORITHMS[name]()
     assert isinstance(alg, SamplingAlgorithm), name
     state = alg.init(jax.random.key(1), *position)
     # one program: the algorithm's step and the sampler's own step, same (legacy) key
