@@ -648,10 +648,11 @@ def run_cell(data: str, measure_kind: str, X, y, args, data_dir: Path, res: dict
 
 
 def _drop_tree_stores() -> None:
-    """Free tgMCMC's host tree stores between runs (memory; no cache shared across runs)."""
-    from jaxbnp.inference.tgmcmc.host import clear_host_trees
+    """Free memory between runs: each kernel owns its host trees (``HostTrees``), which go
+    with it; collect them now rather than later."""
+    import gc
 
-    clear_host_trees()
+    gc.collect()
 
 
 def main(argv=None):

@@ -788,18 +788,28 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
             capacity = int(self.capacity)
         else:
             capacity = min(n, SUBCLUSTER_DEFAULT_CAPACITY if self.method == "subcluster" else 128)
+        options_key = tuple(sorted(options.items()))
+        make_kernel = _make_kernel(self.method, options_key)
+        num_chains = int(self.num_chains)
+        if self.method == "tgmcmc":
+            # its "ibhc" / "noisy" start, built here on the host from the keys the run gives
+            # each chain: the kernel would build it inside the program through a host callback,
+            # which JAX's compilation cache cannot keep
+            keys = jax.random.key(seed)
+            keys = jax.random.split(keys, num_chains) if num_chains > 1 else keys
+            init_params = make_kernel(n).initial_params(keys, None, (Xj, measure, family)) or None
         if init_params is not None:
             capacity = defaults.capacity_for_start(capacity, int(np.max(init_params["z"])) + 1, n)
         num_warmup, num_samples = self._iterations()
-        options_key = tuple(sorted(options.items()))
+        host_trees = self.method == "tgmcmc" and options.get("trees", "device") == "host"
         result = run(
-            _make_kernel(self.method, options_key), jax.random.key(seed), (Xj, measure, family),
+            make_kernel, jax.random.key(seed), (Xj, measure, family),
             num_warmup=num_warmup, num_samples=num_samples,
-            num_chains=int(self.num_chains), thinning=int(self.thinning), collect=_collect,
+            num_chains=num_chains, thinning=int(self.thinning), collect=_collect,
             init_params=init_params, capacity=capacity, max_capacity=n,
             progress_bar=self.progress_bar, description=self.method,
-            # tgMCMC's host trees are keyed by a run id fixed when the program is traced
-            cache_key=None if self.method == "tgmcmc" else ("dpm", self.method, options_key),
+            # tgMCMC's host trees live in the kernel that a kept program's callbacks hold
+            cache_key=None if host_trees else ("dpm", self.method, options_key),
         )
         capacity = result.capacity
         samples = dict(result.samples)

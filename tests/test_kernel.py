@@ -399,3 +399,42 @@ def test_partition_kernel_runs_a_users_move_and_keeps_nothing_on_self():
     assert vars(kernel).keys() == before.keys()
     assert np.all(np.asarray(mcmc.get_extra_fields()["num_proposed"]) == 2)
     assert np.all(np.asarray(mcmc.get_extra_fields()["mean_log_accept"]) <= 0.0)
+
+
+@pytest.mark.parametrize("init", ["ibhc", "noisy"])
+def test_tgmcmc_start_is_built_on_the_host_before_tracing(init, monkeypatch):
+    """``TreeGuidedMCMC``'s IBHC and noisy starts: an eager ``init`` (NumPyro's vectorized
+    chains) builds them on the host, so with device trees no program holds a host callback
+    (JAX's compilation cache can keep them); a traced ``init`` builds the same labels through
+    one callback, and ``initial_params`` gives them to a caller (the estimator, the runner)."""
+    from jaxbnp.inference.tgmcmc import kernel as tg
+
+    calls = []
+    real = tg.io_callback
+
+    def counted(*args, **kwargs):
+        calls.append(init)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tg, "io_callback", counted)
+    X = _data(16)
+    keys = jax.random.split(jax.random.key(3), 3)
+    kernel = bnp.TreeGuidedMCMC(dp_model, num_global_moves=2, init=init)
+    eager = np.asarray(kernel.init(keys, 0, None, (X,), {}).z["z"])
+    mcmc = MCMC(bnp.TreeGuidedMCMC(dp_model, num_global_moves=2, init=init), num_warmup=1,
+                num_samples=2, num_chains=3, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(3), X)
+    assert calls == []
+    traced = np.asarray(jax.jit(lambda k: kernel.init(k, 0, None, (X,), {}).z["z"])(keys))
+    assert calls == [init]  # the check sees a callback where there is one
+    np.testing.assert_array_equal(eager, traced)
+    np.testing.assert_array_equal(eager, kernel.initial_params(keys, None, (X,))["z"])
+    assert len(np.unique(eager)) >= 2
+    if init == "noisy":  # drawn from each chain's key: on overlapping data the starts differ
+        X2 = np.random.default_rng(1).normal(size=(16, 2))
+        rows = kernel.initial_params(jax.random.split(jax.random.key(3), 6), None, (X2,))["z"]
+        assert len({row.tobytes() for row in rows}) > 1
+    # a start with more clusters than slots is a CapacityError, before anything compiles
+    small = bnp.TreeGuidedMCMC(dp_model, init=init, capacity=1)
+    with pytest.raises(bnp.CapacityError, match="capacity is 1"):
+        small.initial_params(keys, None, (X,))

@@ -1,8 +1,7 @@
 """tgMCMC's reference global moves on host trees (NumPy, float64): :class:`TreeGuidedHost`.
 
 The canonical trees of one chain live in NumPy ``Node`` objects
-(:mod:`jaxbnp.inference.tgmcmc.ibhc`), one store per chain keyed by a run id and a
-chain id; :func:`host_global_moves` is the body of the ``io_callback`` that
+(:mod:`jaxbnp.inference.tgmcmc.ibhc`), one host per chain in a :class:`HostTrees` store that the kernel owns; :func:`host_global_moves` is the body of the ``io_callback`` that
 ``TreeGuidedMCMC(trees="host")`` runs once per iteration. Exactness, the canonical
 trees and early rejection are described in :mod:`jaxbnp.inference.tgmcmc.kernel`
 (docs/mathematics.md §4).
@@ -10,7 +9,6 @@ trees and early rejection are described in :mod:`jaxbnp.inference.tgmcmc.kernel`
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 import zlib
@@ -46,9 +44,7 @@ __all__ = [
     "host_global_moves",
     "host_init_labels",
     "inside_pmap",
-    "new_run_id",
-    "forget_run",
-    "clear_host_trees",
+    "HostTrees",
 ]
 
 
@@ -460,37 +456,52 @@ def _union(masks) -> int:
     return out
 
 
-# ----------------------------------------------------------------------------- host registry
-_MAX_HOSTS = 256
-_RUN_IDS = itertools.count()
-_HOSTS: OrderedDict[tuple, TreeGuidedHost] = OrderedDict()
-_HOSTS_LOCK = threading.Lock()
-
-
+# ----------------------------------------------------------------------------- host stores
 def _fingerprint(X: np.ndarray) -> tuple:
     X = np.ascontiguousarray(X, dtype=np.float64)
     return X.shape, zlib.crc32(X.tobytes())
 
 
-def _host_for(run_id: int, chain_id: int, X: np.ndarray, measure, family, u) -> TreeGuidedHost:
-    """The host state of one chain of one run (created on first use, with that call's parameters).
+class HostTrees:
+    """The host trees of one kernel's chains: a :class:`TreeGuidedHost` per chain id (and data
+    set), created on first use with that call's parameters.
 
-    Thread-safe: under ``chain_method="parallel"`` the chains' callbacks run on
-    several threads at once (each chain has its own host; the registry is locked).
+    Owned by the kernel that reads it (``TreeGuidedMCMC`` makes one and empties it when a run
+    starts; the callbacks of its programs hold a reference to it): nothing is kept at module
+    level. Thread-safe: under ``chain_method="parallel"`` the chains' callbacks run on several
+    threads at once (each chain has its own host; the store is locked). At most
+    ``max_hosts`` hosts are kept, the least recently used dropped first (they are rebuilt
+    when needed: a host's trees are a function of its point sets and start parameters).
     """
-    key = (run_id, int(chain_id)) + _fingerprint(X)
-    with _HOSTS_LOCK:
-        host = _HOSTS.get(key)
-        if host is not None:
-            _HOSTS.move_to_end(key)
-    if host is None:
-        fresh = TreeGuidedHost(np.asarray(X, dtype=np.float64), measure, family, u)
-        with _HOSTS_LOCK:
-            host = _HOSTS.setdefault(key, fresh)
-            if len(_HOSTS) > _MAX_HOSTS:
-                _HOSTS.popitem(last=False)
-    host.set_params(measure, family, u)
-    return host
+
+    def __init__(self, max_hosts: int = 256):
+        self._hosts: OrderedDict[tuple, TreeGuidedHost] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max_hosts = int(max_hosts)
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    def host_for(self, chain_id: int, X: np.ndarray, measure, family, u) -> TreeGuidedHost:
+        """The host of chain ``chain_id`` on ``X``, with its parameters set to these."""
+        key = (int(chain_id),) + _fingerprint(X)
+        with self._lock:
+            host = self._hosts.get(key)
+            if host is not None:
+                self._hosts.move_to_end(key)
+        if host is None:
+            fresh = TreeGuidedHost(np.asarray(X, dtype=np.float64), measure, family, u)
+            with self._lock:
+                host = self._hosts.setdefault(key, fresh)
+                while len(self._hosts) > self._max_hosts:
+                    self._hosts.popitem(last=False)
+        host.set_params(measure, family, u)
+        return host
+
+    def clear(self) -> None:
+        """Drop every host (a new run starts from fresh trees)."""
+        with self._lock:
+            self._hosts.clear()
 
 
 def inside_pmap() -> bool:
@@ -507,31 +518,14 @@ def _seed(key_data: np.ndarray) -> np.random.Generator:
     return np.random.default_rng(np.asarray(key_data, dtype=np.uint32).ravel().tolist())
 
 
-def new_run_id() -> int:
-    """A fresh id for a run's host tree stores."""
-    return next(_RUN_IDS)
 
-
-def clear_host_trees() -> None:
-    """Drop every run's host tree stores (frees memory; they are rebuilt when needed)."""
-    with _HOSTS_LOCK:
-        _HOSTS.clear()
-
-
-def forget_run(run_id: int) -> None:
-    """Drop one run's host tree stores."""
-    with _HOSTS_LOCK:
-        for key in [k for k in _HOSTS if k[0] == run_id]:
-            del _HOSTS[key]
-
-
-def host_global_moves(run_id, num_moves, early_rejection, jit_trees, chain_id, key_data, X, labels,
-                      measure, family, u):
+def host_global_moves(store: HostTrees, num_moves, early_rejection, jit_trees, chain_id, key_data,
+                      X, labels, measure, family, u):
     """``num_moves`` global moves of one chain on its host trees (the body of the kernel's
     ``io_callback``). Returns ``(labels, num_accepted, num_proposed, sum_log_accept,
     num_log_accept)``: the sum of ``min(0, log r)`` over the proposals with ``r > 0``
     (in the data's dtype) and their number."""
-    host = _host_for(run_id, chain_id, X, measure, family, u)
+    host = store.host_for(chain_id, X, measure, family, u)
     host.jit_trees = jit_trees
     new_labels, infos = host.run(_seed(key_data), np.asarray(labels), num_moves, early_rejection)
     proposed = [i for i in infos if i.kind != "none"]
@@ -548,9 +542,14 @@ def host_global_moves(run_id, num_moves, early_rejection, jit_trees, chain_id, k
     )
 
 
-def host_init_labels(run_id, method, chain_id, key_data, X, measure, family, u):
-    """Initial labels of one chain on the host: ``"ibhc"`` or ``"noisy"`` (paper, section 4.1)."""
-    host = _host_for(run_id, chain_id, X, measure, family, u)
+def host_init_labels(store: HostTrees | None, method, chain_id, key_data, X, measure, family, u):
+    """Initial labels of one chain on the host: ``"ibhc"`` or ``"noisy"`` (paper, section 4.1),
+    in ``0..K-1``. ``store``: where the chain's host is kept (``None``: a host for this call
+    alone; the labels are the same)."""
+    if store is None:
+        host = TreeGuidedHost(np.asarray(X, dtype=np.float64), measure, family, u)
+    else:
+        host = store.host_for(chain_id, X, measure, family, u)
     if method == "ibhc":
         return host.ibhc_labels()
     return host.noisy_labels(_seed(key_data))

@@ -77,13 +77,16 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import io_callback
 
+from ..._random import typed_key
 from ..._validation import check_int
+from ...errors import CapacityError
 from ...models.measures import DP, NGGP
 from ..partition import moves
 from ..partition.clusters import PartitionState, canonical_labels, clusters_from_labels
-from ..partition.kernels import PartitionKernel
+from ..partition.kernels import PartitionKernel, chain_id
 from ..partition.moves import Context, MHInfo, Move
 from . import host as host_trees
 from .device import empty_forest, global_moves_forest
@@ -92,7 +95,7 @@ __all__ = ["TreeGuidedMCMC", "tree_guided_moves"]
 
 
 def tree_guided_moves(num_moves: int, max_parts: int = 16, early_rejection: bool = True,
-                      trees: str = "device", run_id: int = 0) -> Move:
+                      trees: str = "device", store: host_trees.HostTrees | None = None) -> Move:
     """tgMCMC's ``num_moves`` global moves as a composable move (module docstring); info
     :class:`~jaxbnp.inference.partition.moves.MHInfo`. ``num_moves=0`` is the identity.
 
@@ -101,13 +104,16 @@ def tree_guided_moves(num_moves: int, max_parts: int = 16, early_rejection: bool
     device :class:`~jaxbnp.inference.tgmcmc.device.Forest`, kept between iterations.
     ``trees="host"``: one ``io_callback`` per iteration runs them on the host trees of the
     chain (:func:`jaxbnp.inference.tgmcmc.host.host_global_moves`); the move's state is the
-    chain id (``Context.chain_id``), ``run_id`` keys the run's stores.
+    chain id (``Context.chain_id``); ``store`` (a :class:`~jaxbnp.inference.tgmcmc.host.HostTrees`,
+    a new one when ``None``) holds the chains' host trees.
     """
     num_moves = check_int("num_moves", num_moves, 0)
     max_parts = check_int("max_parts", max_parts, 2)
     early_rejection = bool(early_rejection)
     if trees not in ("device", "host"):
         raise ValueError(f"trees must be 'device' or 'host', got {trees!r}.")
+    if trees == "host" and store is None:
+        store = host_trees.HostTrees()
 
     def init_fn(state: PartitionState, ctx: Context):
         if not num_moves:
@@ -134,7 +140,7 @@ def tree_guided_moves(num_moves: int, max_parts: int = 16, early_rejection: bool
             return PartitionState(clusters, u), forest, info.mh
         jit_trees = not host_trees.inside_pmap()
         labels, accepted, proposed, sum_log, num_log = io_callback(
-            lambda *a: host_trees.host_global_moves(run_id, num_moves, early_rejection, jit_trees, *a),
+            lambda *a: host_trees.host_global_moves(store, num_moves, early_rejection, jit_trees, *a),
             (
                 jax.ShapeDtypeStruct((n,), jnp.int32),
                 jax.ShapeDtypeStruct((), jnp.int32),
@@ -196,8 +202,9 @@ class TreeGuidedMCMC(PartitionKernel):
     The same key gives the same draws under every ``chain_method``.
     """
 
-    #: its host-side trees are keyed by a run id fixed when a program is traced, so groups
-    #: of chains sharing one program must not run side by side
+    #: its host trees (``trees="host"``, or a start built inside a traced ``init``) are kept
+    #: in one store per kernel, emptied when a run starts: groups of chains must not start
+    #: side by side
     chains_in_threads = False
 
     def __init__(
@@ -236,21 +243,22 @@ class TreeGuidedMCMC(PartitionKernel):
         self._init = init
         self._local_moves = bool(local_moves)
         self._early_rejection = bool(early_rejection)
-        self._run_id = None  # set by init(): keys this run's host tree stores
+        # the host trees of this kernel's chains (trees="host"; a start built in a traced init)
+        self._host_trees = host_trees.HostTrees()
         super().__init__(
             model,
-            self._build_move(0),
+            self._build_move(),
             capacity=capacity,
             init_strategy=init if init in ("one", "singletons", "prior") else "one",
             update_hyperparameters=update_hyperparameters,
             chain_batching=chain_batching,
         )
 
-    def _build_move(self, run_id: int) -> Move:
+    def _build_move(self) -> Move:
         """Global moves, local moves (or nothing, keeping their two keys), then (NGGP) ``u``."""
         return moves.chain(
             tree_guided_moves(self._num_global_moves, self._max_parts, self._early_rejection,
-                              self._trees, run_id),
+                              self._trees, self._host_trees),
             moves.local_moves(self._depth) if self._local_moves else moves.identity(2),
             moves.update_u(),
         )
@@ -266,21 +274,95 @@ class TreeGuidedMCMC(PartitionKernel):
 
     # -- runs and initial partition ----------------------------------------------------------
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        """Start a run: a fresh host tree store per chain (the previous run's is dropped)."""
-        if getattr(self, "_run_id", None) is not None:
-            host_trees.forget_run(self._run_id)
-        self._run_id = host_trees.new_run_id()
-        self._move = self._build_move(self._run_id)
+        """Start a run from fresh host trees. The ``"ibhc"`` and ``"noisy"`` starts are built
+        here on the host (:meth:`initial_params`) when the key and the data are concrete (NumPyro's
+        ``"vectorized"`` and ``"sequential"`` chains), so the compiled programs hold no host
+        callback; inside a traced ``init`` (``"parallel"`` chains, a ``jax.jit`` around it)
+        they are built through one ``io_callback``: the same labels."""
+        self._host_trees.clear()
+        try:
+            init_params = self.initial_params(rng_key, init_params, model_args, model_kwargs)
+        except _Traced:
+            pass
         return super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
+
+    def initial_params(self, rng_key, init_params=None, model_args=(), model_kwargs=None) -> dict:
+        """``init_params`` with this kernel's ``"ibhc"`` or ``"noisy"`` start of every chain
+        (``rng_key``: one key, or one per chain as ``init`` gets them), built now on the host.
+
+        The labels are in first-appearance order, ``(n,)`` or ``(chains, n)``; they are the
+        ones ``init`` starts from with the same keys (the ``"noisy"`` start draws from each
+        chain's key). Given ``init_params`` are returned unchanged when they hold the partition,
+        and so is everything when the start is ``"one"``, ``"singletons"`` or ``"prior"``.
+        More clusters than the capacity raise :class:`~jaxbnp.errors.CapacityError`.
+        """
+        params = dict(init_params or {})
+        model_kwargs = dict(model_kwargs or {})
+        if self._init not in ("ibhc", "noisy"):
+            return params
+        keys = typed_key(rng_key)
+        if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((keys, params, model_args, model_kwargs))):
+            raise _Traced
+        self._spec, hyper0 = self._setup(params, model_args, model_kwargs)  # as init sets it
+        spec = self._spec
+        if spec.partition_site in params:
+            return params
+        batched = keys.ndim == 1
+        if batched and params:  # per-chain hyperparameters: each chain's start in the program
+            raise _Traced
+        n = spec.num_points
+        z = {name: jnp.asarray(params.get(name, value)) for name, value in hyper0.items()}
+        if spec.u_site is not None:
+            z[spec.u_site] = jnp.asarray(params.get(spec.u_site, 1.0), jnp.result_type(float))
+        z[spec.partition_site] = jnp.zeros(n, jnp.int32)
+        measure, family, X, _, _ = self._read(z, model_args, model_kwargs)
+        u = z[spec.u_site] if spec.u_site is not None else jnp.ones(())
+        to_host = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731
+        measure, family, X, u = to_host((measure, family, X, u))
+        store = self._host_trees if self._trees == "host" else None
+        rows = []
+        for key in (keys if batched else [keys]):
+            # the chain id and labels key of PartitionKernel._init_one
+            cid = int(chain_id(key))
+            k_labels = jax.random.split(key)[1]
+            labels = host_trees.host_init_labels(
+                store, self._init, cid, np.asarray(jax.random.key_data(k_labels)), X, measure,
+                family, u)
+            rows.append(first_appearance(labels))
+        capacity = self.capacity_for(n)
+        k = max(int(r.max()) + 1 for r in rows)
+        if k > capacity:
+            raise CapacityError(
+                f"jaxbnp: TreeGuidedMCMC's init={self._init!r} start has {k} clusters but the "
+                f"capacity is {capacity} cluster slots. Pass a larger capacity (e.g. "
+                f"capacity={min(n, 2 * k)}).")
+        params[spec.partition_site] = np.stack(rows) if batched else rows[0]
+        return params
 
     def _init_labels(self, key, params, measure, family, X, u, capacity, chain_id):
         if self._init in ("one", "singletons", "prior"):
             return super()._init_labels(key, params, measure, family, X, u, capacity, chain_id)
+        # a traced init (module docstring of init): the same start through a host callback
         n = X.shape[0]
-        run_id, method = self._run_id, self._init
-        return io_callback(
-            lambda *a: host_trees.host_init_labels(run_id, method, *a),
+        store = self._host_trees if self._trees == "host" else None
+        method = self._init
+        labels = io_callback(
+            lambda *a: first_appearance(host_trees.host_init_labels(store, method, *a)),
             jax.ShapeDtypeStruct((n,), jnp.int32),
             chain_id, jax.random.key_data(key), X, measure, family, u,
             ordered=False,
         )
+        return labels
+
+
+class _Traced(Exception):
+    """The start cannot be built on the host now (traced key or data)."""
+
+
+def first_appearance(labels) -> np.ndarray:
+    """``labels`` renumbered ``0..K-1`` in order of first appearance (host; what
+    ``canonical_labels`` does in a program), int32."""
+    labels = np.asarray(labels).reshape(-1)
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))
+    return rank[inverse].astype(np.int32)
