@@ -12,7 +12,9 @@
 * no library file over ``MAX_FILE_LINES`` (1,000) lines;
 * every sampler's module gives the one shape (``algorithm``);
 * no module-level mutable state in ``jaxbnp.inference`` beyond the caches of compiled
-  programs (and tgMCMC's host store, still to go);
+  programs;
+* a kernel batches its chains only through ``base.run_chains`` (and only it and the
+  runner decide on the backend);
 * ``[project] dependencies`` are what the package imports at import time (an
   import inside a function, or one guarded by ``except ImportError``, may come
   from an extra).
@@ -266,6 +268,48 @@ def test_no_module_level_mutable_state_in_inference():
             state = _module_state(MODULES[module].read_text(encoding="utf-8"))
             extra = state - _ALLOWED_STATE.get(module, set())
             assert not extra, f"{module} keeps module-level state {sorted(extra)}: put it in the state"
+
+
+_BATCHING_CALLS = {"vmap", "pmap", "map"}
+
+
+def _kernel_batching(source: str) -> list[str]:
+    """Calls of ``vmap``, ``pmap`` or ``lax.map`` inside the methods of a NumPyro kernel class
+    (one that defines ``init`` and ``sample``), and decisions on ``jax.default_backend()``
+    anywhere: ``"Class.method: call"`` for each."""
+    found = []
+    tree = ast.parse(source)
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        methods = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+        if not {"init", "sample"} <= methods:
+            continue
+        for node in ast.walk(cls):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            owner = getattr(func.value, "id", getattr(func.value, "attr", "")) if isinstance(func, ast.Attribute) else ""
+            if name in ("vmap", "pmap") or (name == "map" and owner == "lax"):
+                found.append(f"{cls.name}: {name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "default_backend":
+            found.append("default_backend()")
+    return found
+
+
+def test_only_run_chains_and_the_runner_batch_chains():
+    """A kernel batches NumPyro's vectorized chains only through ``base.run_chains``, and only
+    ``base.run_chains`` and the runner decide on the backend."""
+    planted = ("import jax\nfrom jax import lax\nclass K:\n    def init(self): return jax.vmap(f)(x)\n"
+               "    def sample(self): return lax.map(f, x)\n"
+               "def auto(): return jax.default_backend()\n")
+    assert sorted(_kernel_batching(planted)) == ["K: map", "K: vmap", "default_backend()"], \
+        "the check sees it"
+    allowed = {"jaxbnp.inference.base", "jaxbnp.inference.runner"}
+    for module in MODULES:
+        if module.startswith("jaxbnp.inference") and module not in allowed:
+            found = _kernel_batching(MODULES[module].read_text(encoding="utf-8"))
+            assert not found, f"{module} batches chains itself: {found}; use base.run_chains"
 
 
 def test_no_import_cycle():

@@ -14,6 +14,7 @@ from numpyro.util import is_prng_key
 from ..._cache import auto_enable
 from ..._programs import call_cached
 from ..._random import typed_key
+from ..base import run_chains
 from .model import (
     BHMCConfig,
     BHMCInfo,
@@ -114,7 +115,8 @@ class BHMCKernel(MCMCKernel):
         def program(key, chain, start, args, kwargs):
             X, model, hyper = args
             if batched:
-                return jax.vmap(init_one, in_axes=(0, 0, 0, None, None, None))(key, chain, start, X, model, hyper)
+                return run_chains(init_one, key, chain, start, X, model, hyper,
+                                  in_axes=(0, 0, 0, None, None, None), how="vmap")
             return init_one(key, chain, start, X, model, hyper)
 
         # one compiled program, kept on the kernel: a second MCMC.run of the same shape
@@ -128,7 +130,7 @@ class BHMCKernel(MCMCKernel):
         core = algorithm(X, hyper, model, self.config)  # the pure core, this run's values
         if jnp.ndim(state.iteration) == 0:
             return self._sample_one(state, X, core)
-        return lax.map(lambda s: self._sample_one(s, X, core), state)
+        return run_chains(self._sample_one, state, X, core, in_axes=(0, None, None), how="map")
 
     def _sample_one(self, ks: BHMCKernelState, X, core) -> BHMCKernelState:
         key = jax.random.fold_in(jax.random.fold_in(ks.rng_key, ks.iteration), ks.chain)

@@ -1,13 +1,16 @@
 """One BHMC sweep (:func:`step`): the point updates, then the subtree moves, the component
-split-merge and the global updates (docs/mathematics.md §6)."""
+split-merge and the global updates (docs/mathematics.md §6), as a ``chain`` of moves
+(:class:`~jaxbnp.inference.base.Move`, the partition moves' protocol)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..base import SamplingAlgorithm
+from ..base import Move, SamplingAlgorithm, chain, no_state
 from .beta import (
     complete_log_likelihood,
     update_beta,
@@ -34,58 +37,156 @@ from .split_merge import (
 )
 
 
+class SweepContext(NamedTuple):
+    """What BHMC's moves read and do not change: the data, the model, the settings."""
+
+    X: jax.Array
+    model: BHMCModel
+    config: BHMCConfig
+
+
+def point_updates() -> Move:
+    """Every point in a random order (:func:`point_update`); two keys: the order, then the
+    points' own. Info: the number of accepted path moves. After an overflow the state
+    stays as it was (the run is discarded)."""
+
+    def step_fn(keys, state, move_state, ctx):
+        X, model, config = ctx
+        n = X.shape[0]
+        order = jax.random.permutation(keys[0], n)
+        point_keys = jax.random.split(keys[1], n)
+
+        def body(i, carry):
+            s, num_accepted = carry
+            s, info = lax.cond(s.overflow, lambda s: (s, PointInfo(jnp.bool_(False))),
+                               lambda s: point_update(point_keys[i], s, order[i], X, model, config), s)
+            return s, num_accepted + info.accepted.astype(jnp.int32)
+
+        state, num_accepted = lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.int32)))
+        return state, move_state, num_accepted
+
+    return Move(no_state, step_fn, 2)
+
+
+def component_split_merge() -> Move:
+    """``config.split_merge`` component split-or-merge moves (:func:`split_merge`, each with
+    the key ``fold_in(key, t)``). Info: how many moved."""
+
+    def step_fn(key, state, move_state, ctx):
+        X, model, config = ctx
+        total = jnp.zeros((), jnp.int32)
+        if config.split_merge > 0 and X.shape[0] >= 2:
+            def sm(t, carry):
+                s, total = carry
+                s, moved = lax.cond(s.overflow, lambda s: (s, jnp.bool_(False)),
+                                    lambda s: split_merge(jax.random.fold_in(key, t), s, X, model, config,
+                                                          redraw=not config.update_beta), s)
+                return s, total + moved.astype(jnp.int32)
+
+            state, total = lax.fori_loop(0, config.split_merge, sm, (state, total))
+        return state, move_state, total
+
+    return Move(no_state, step_fn)
+
+
+def _leaves_in_beta(config: BHMCConfig) -> bool:
+    """Whether the leaves move inside the exact ``B`` update (collapsed) instead of in ``regraft``."""
+    return config.update_beta and config.beta_rule == "exact"
+
+
+def subtree_regraft() -> Move:
+    """``regraft`` of every subtree below the first level (:func:`regraft`). Info: how many
+    moved."""
+
+    def step_fn(key, state, move_state, ctx):
+        config = ctx.config
+        moved = jnp.zeros((), jnp.int32)
+        if config.regraft and config.depth >= 2:
+            state, moved = regraft(key, state, config,
+                                   config.depth - 1 if _leaves_in_beta(config) else config.depth)
+        return state, move_state, moved
+
+    return Move(no_state, step_fn)
+
+
+def beta_update() -> Move:
+    """``B``: :func:`update_beta_exact_and_leaves` (the exact rule, with the leaves when
+    ``regraft``) or :func:`update_beta`; nothing without ``update_beta``. Info: the leaves
+    moved."""
+
+    def step_fn(key, state, move_state, ctx):
+        config = ctx.config
+        moved = jnp.zeros((), jnp.int32)
+        if _leaves_in_beta(config):
+            state, moved = update_beta_exact_and_leaves(key, state, config, move_leaves=config.regraft)
+        elif config.update_beta:
+            state = update_beta(key, state, config)
+        return state, move_state, moved
+
+    return Move(no_state, step_fn)
+
+
+def theta_update() -> Move:
+    """The components' parameters ``θ`` (:func:`update_theta`)."""
+
+    def step_fn(key, state, move_state, ctx):
+        return update_theta(key, state, ctx.X, ctx.model, ctx.config), move_state, ()
+
+    return Move(no_state, step_fn)
+
+
+def hyperparameter_update() -> Move:
+    """With ``update_hyper``, the hyperparameters (:func:`update_hyperparameters`). Info:
+    which of the three were accepted."""
+
+    def step_fn(key, state, move_state, ctx):
+        accepted = jnp.zeros(3, bool)
+        if ctx.config.update_hyper:
+            state, info = update_hyperparameters(key, state, ctx.config)
+            accepted = info.accepted
+        return state, move_state, accepted
+
+    return Move(no_state, step_fn)
+
+
+def log_likelihood_refresh() -> Move:
+    """The state's complete-data log-likelihood, recomputed (no key used)."""
+
+    def step_fn(key, state, move_state, ctx):
+        return state._replace(log_lik=complete_log_likelihood(state, ctx.X, ctx.model, ctx.config)), \
+            move_state, ()
+
+    return Move(no_state, step_fn)
+
+
+def _sweep_keys(key):
+    """Each move's key in one sweep: ``split(key, 5)`` gives the order and points' keys,
+    ``B``'s, ``θ``'s and the hyperparameters'; the split-merge and regraft moves fold in 6 and
+    5 (what Algorithm 2's code drew before it was a chain of moves: the same draws)."""
+    k = jax.random.split(key, 5)
+    return (k[0:2], jax.random.fold_in(key, 6), jax.random.fold_in(key, 5), k[2], k[3], k[4], key)
+
+
+#: one sweep of Algorithm 2 as a chain of moves (:func:`step`)
+SWEEP = chain(point_updates(), component_split_merge(), subtree_regraft(), beta_update(),
+              theta_update(), hyperparameter_update(), log_likelihood_refresh(), keys=_sweep_keys)
+
+
 def step(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig) -> tuple[BHMCState, BHMCInfo]:
-    """One sweep of Algorithm 2 (module docstring, docs/mathematics.md §6): every point in a
-    random order (:func:`point_update`), ``split_merge`` component split-or-merge moves
-    (:func:`split_merge`), with ``regraft`` every subtree below the first level
-    (:func:`regraft`), then ``B`` (:func:`update_beta_exact` or :func:`update_beta`), ``θ``
-    (:func:`update_theta`) and, with ``update_hyper``, the hyperparameters.
+    """One sweep of Algorithm 2 (module docstring, docs/mathematics.md §6), the chain of moves
+    :data:`SWEEP`: every point in a random order (:func:`point_updates`), ``split_merge``
+    component split-or-merge moves (:func:`component_split_merge`), with ``regraft`` every
+    subtree below the first level (:func:`subtree_regraft`), then ``B``
+    (:func:`beta_update`), ``θ`` (:func:`theta_update`) and, with ``update_hyper``, the
+    hyperparameters (:func:`hyperparameter_update`).
 
     Pure and jittable; returns the new state and a :class:`BHMCInfo`.
     """
-    n = X.shape[0]
-    k_perm, k_points, k_beta, k_theta, k_hyper = jax.random.split(key, 5)
-    k_regraft = jax.random.fold_in(key, 5)
-    k_sm = jax.random.fold_in(key, 6)
-    order = jax.random.permutation(k_perm, n)
-    point_keys = jax.random.split(k_points, n)
-
-    def body(i, carry):  # after an overflow the state stays as it was (the run is discarded)
-        s, num_accepted = carry
-        s, info = lax.cond(s.overflow, lambda s: (s, PointInfo(jnp.bool_(False))),
-                           lambda s: point_update(point_keys[i], s, order[i], X, model, config), s)
-        return s, num_accepted + info.accepted.astype(jnp.int32)
-
-    state, num_accepted = lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.int32)))
-    num_split_merge = jnp.zeros((), jnp.int32)
-    if config.split_merge > 0 and n >= 2:
-        def sm(t, carry):
-            s, total = carry
-            s, moved = lax.cond(s.overflow, lambda s: (s, jnp.bool_(False)),
-                                lambda s: split_merge(jax.random.fold_in(k_sm, t), s, X, model, config,
-                                                      redraw=not config.update_beta), s)
-            return s, total + moved.astype(jnp.int32)
-
-        state, num_split_merge = lax.fori_loop(0, config.split_merge, sm, (state, num_split_merge))
-    num_regrafted = jnp.zeros((), jnp.int32)
-    leaves_in_beta = config.update_beta and config.beta_rule == "exact"  # moved there, collapsed
-    if config.regraft and config.depth >= 2:
-        state, num_regrafted = regraft(k_regraft, state, config,
-                                       config.depth - 1 if leaves_in_beta else config.depth)
-    if leaves_in_beta:
-        state, num_leaves_moved = update_beta_exact_and_leaves(k_beta, state, config,
-                                                               move_leaves=config.regraft)
-        num_regrafted = num_regrafted + num_leaves_moved
-    elif config.update_beta:
-        state = update_beta(k_beta, state, config)
-    state = update_theta(k_theta, state, X, model, config)
-    hyper_accepted = jnp.zeros(3, bool)
-    if config.update_hyper:
-        state, hyper_info = update_hyperparameters(k_hyper, state, config)
-        hyper_accepted = hyper_info.accepted
-    state = state._replace(log_lik=complete_log_likelihood(state, X, model, config))
-    return state, BHMCInfo(num_accepted, jnp.asarray(n, jnp.int32), hyper_accepted, num_regrafted,
-                           num_split_merge)
+    ctx = SweepContext(X, model, config)
+    state, _, infos = SWEEP.step(key, state, SWEEP.init(state, ctx), ctx)
+    num_accepted, num_split_merge, num_regrafted, num_leaves_moved, _, hyper_accepted, _ = infos
+    return state, BHMCInfo(num_accepted, jnp.asarray(X.shape[0], jnp.int32), hyper_accepted,
+                           num_regrafted + num_leaves_moved, num_split_merge)
 
 
 def algorithm(X, hyper, model: BHMCModel, config: BHMCConfig) -> SamplingAlgorithm:

@@ -53,6 +53,7 @@ from ..._validation import check_data, check_int, check_labels
 from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ...models.measures import DP, NGGP
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
+from ..base import CHAIN_BATCHING, run_chains
 from . import gibbs as gibbs_core
 from . import hyperparameters, moves, subcluster
 from .clusters import (
@@ -262,7 +263,7 @@ class PartitionKernel(DiscreteSiteKernel):
             raise ValueError(
                 f"init_strategy must be 'one', 'singletons' or 'prior', got {init_strategy!r}."
             )
-        if chain_batching not in ("auto", "vmap", "map"):
+        if chain_batching not in CHAIN_BATCHING:
             raise ValueError(f"chain_batching must be 'auto', 'vmap' or 'map', got {chain_batching!r}.")
         if capacity is not None and int(capacity) < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity}.")
@@ -335,21 +336,18 @@ class PartitionKernel(DiscreteSiteKernel):
         # kept on the kernel: a second MCMC.run of the same shape compiles nothing
         static = (spec, move, batched, self.capacity_for(spec.num_points), self.host_overflow_check,
                   self._init_strategy, tuple(sorted(init_params)))
-        if batched:
+        if batched:  # NumPyro's vectorized chains: a leading chain axis (base.run_chains)
             axes = {k: 0 for k in init_params}
-            state = call_cached(
-                self, "init", static, jax.vmap(init_one, in_axes=(0, axes, None, None, None)),
-                rng_key, init_params, hyper0, model_args=model_args, model_kwargs=model_kwargs,
-            )
-            batching = self._chain_batching
-            if batching == "auto":
-                batching = "map" if jax.default_backend() == "cpu" else "vmap"
-            if batching == "vmap":
-                self._sample_fn = jax.vmap(sample_one, in_axes=(0, None, None))
-            else:
-                self._sample_fn = lambda state, args, kwargs: jax.lax.map(
-                    lambda s: sample_one(s, args, kwargs), state
-                )
+
+            def init_many(keys, params, hyper, args, kwargs):
+                return run_chains(init_one, keys, params, hyper, args, kwargs,
+                                  in_axes=(0, axes, None, None, None), how="vmap")
+
+            state = call_cached(self, "init", static, init_many, rng_key, init_params, hyper0,
+                                model_args=model_args, model_kwargs=model_kwargs)
+            how = self._chain_batching
+            self._sample_fn = lambda state, args, kwargs: run_chains(
+                sample_one, state, args, kwargs, in_axes=(0, None, None), how=how)
         else:
             state = call_cached(self, "init", static, init_one, rng_key, init_params, hyper0,
                                 model_args=model_args, model_kwargs=model_kwargs)
@@ -468,7 +466,9 @@ class PartitionKernel(DiscreteSiteKernel):
             measure, family, _, u, _ = self._read(s.z, model_args, model_kwargs)
             return s._replace(log_joint=cluster_log_joint(s.clusters, measure, family, u))
 
-        return jax.vmap(one)(state) if jnp.ndim(state.log_joint) else one(state)
+        if jnp.ndim(state.log_joint):
+            return run_chains(one, state, in_axes=(0,), how="vmap")
+        return one(state)
 
     def get_diagnostics_str(self, state):
         text = f"K={int(np.max(np.asarray(state.num_clusters)))}"

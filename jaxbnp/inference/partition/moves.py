@@ -1,9 +1,10 @@
 """Composable moves over one partition (Optax style), and the kernel built from them.
 
-A :class:`Move` is a pair of pure functions and the number of keys it draws from:
+A :class:`Move` (:mod:`jaxbnp.inference.base`: generic over its state; BHMC's sweep is a
+``chain`` of its own moves) is a pair of pure functions and the number of keys it draws from:
 
-* ``init(state, ctx) -> move_state``: the move's own state (``()`` if none; e.g.
-  tgMCMC's device forest, kept between iterations);
+* ``init(state, ctx) -> move_state``: the move's own state (:class:`EmptyState` if none;
+  e.g. tgMCMC's device forest, kept between iterations);
 * ``step(key, state, move_state, ctx) -> (state, move_state, info)``: one
   application, where ``state`` is a :class:`PartitionState` (clusters and NGGP's
   ``u``) and ``ctx`` a :class:`Context` (the model's data, measure and family at
@@ -43,14 +44,13 @@ Example
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from ..._validation import check_int
-from ..base import SamplingAlgorithm
+from ..base import EmptyState, Move, SamplingAlgorithm, chain, identity, no_state, repeat
 from . import gibbs as gibbs_core
 from .clusters import PartitionState, init_clusters
 from .split_merge import split_merge_move_info
@@ -59,6 +59,8 @@ __all__ = [
     "PartitionState",
     "Context",
     "Move",
+    "EmptyState",
+    "no_state",
     "MHInfo",
     "KernelState",
     "KernelInfo",
@@ -91,14 +93,6 @@ class Context(NamedTuple):
     chain_id: Any = None
 
 
-class Move(NamedTuple):
-    """A composable move over a partition (module docstring)."""
-
-    init: Callable[[PartitionState, Context], Any]
-    step: Callable[[jax.Array, PartitionState, Any, Context], tuple[PartitionState, Any, Any]]
-    num_keys: int = 1
-
-
 class MHInfo(NamedTuple):
     """Metropolis-Hastings statistics of one or more moves (additive: repeats add up).
 
@@ -119,64 +113,6 @@ class MHInfo(NamedTuple):
         return jnp.where(m > 0, self.sum_log_accept / jnp.maximum(m, 1), 0.0)
 
 
-def _no_state(state: PartitionState, ctx: Context) -> tuple:
-    return ()
-
-
-def chain(*moves: Move) -> Move:
-    """The moves one after another; one key split into ``sum(num_keys)`` keys, handed out in order."""
-    moves = tuple(moves)
-    if not moves:
-        raise ValueError("chain needs at least one move.")
-    total = sum(int(m.num_keys) for m in moves)
-
-    def init_fn(state, ctx):
-        return tuple(m.init(state, ctx) for m in moves)
-
-    def step_fn(key, state, move_state, ctx):
-        keys = jax.random.split(key, total)
-        new_states, infos, start = [], [], 0
-        for m, ms in zip(moves, move_state):
-            k = keys[start] if m.num_keys == 1 else keys[start:start + m.num_keys]
-            start += m.num_keys
-            state, ms, info = m.step(k, state, ms, ctx)
-            new_states.append(ms)
-            infos.append(info)
-        return state, tuple(new_states), tuple(infos)
-
-    return Move(init_fn, step_fn)
-
-
-def repeat(move: Move, n: int) -> Move:
-    """``move`` applied ``n`` times (keys ``jax.random.split(key, n)``, a ``fori_loop``),
-    infos summed; ``n = 0`` is the identity (its info zeros). Takes one key."""
-    n = check_int("n", n)
-
-    def keys_of(k):
-        return k if move.num_keys == 1 else jax.random.split(k, move.num_keys)
-
-    def step_fn(key, state, move_state, ctx):
-        shape = jax.eval_shape(lambda k, s, ms: move.step(keys_of(k), s, ms, ctx)[2], key, state, move_state)
-        zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shape)
-        if n == 0:
-            return state, move_state, zeros
-        keys = jax.random.split(key, n)
-
-        def body(t, carry):
-            s, ms, total = carry
-            s, ms, info = move.step(keys_of(keys[t]), s, ms, ctx)
-            return s, ms, jax.tree.map(lambda a, b: a + b, total, info)
-
-        return lax.fori_loop(0, n, body, (state, move_state, zeros))
-
-    return Move(move.init, step_fn)
-
-
-def identity(num_keys: int = 1) -> Move:
-    """A move that changes nothing and takes ``num_keys`` key slots (keeps a schedule's keys)."""
-    return Move(_no_state, lambda key, state, move_state, ctx: (state, move_state, ()), int(num_keys))
-
-
 def gibbs_sweep() -> Move:
     """One collapsed Gibbs sweep over all points (:func:`jaxbnp.inference.partition.gibbs.gibbs_sweep`)."""
 
@@ -184,7 +120,7 @@ def gibbs_sweep() -> Move:
         clusters = gibbs_core.gibbs_sweep(key, state.clusters, ctx.X, ctx.measure, ctx.family, state.u)
         return PartitionState(clusters, state.u), move_state, ()
 
-    return Move(_no_state, step_fn)
+    return Move(no_state, step_fn)
 
 
 def gibbs_sweeps(n: int) -> Move:
@@ -207,7 +143,7 @@ def split_merge(num_moves: int = 1, num_restricted_scans: int = 5) -> Move:
                     jnp.minimum(info.log_ratio, 0.0).astype(jnp.float32), one)
         return PartitionState(clusters, state.u), move_state, mh
 
-    moves_ = repeat(Move(_no_state, step_fn), num_moves)
+    moves_ = repeat(Move(no_state, step_fn), num_moves)
 
     def counted_step(key, state, move_state, ctx):
         state, move_state, mh = moves_.step(key, state, move_state, ctx)
@@ -227,7 +163,7 @@ def update_u() -> Move:
             u = gibbs_core.update_u(key, u, state.clusters.counts, ctx.measure)
         return PartitionState(state.clusters, u), move_state, ()
 
-    return Move(_no_state, step_fn)
+    return Move(no_state, step_fn)
 
 
 def local_moves(depth: int) -> Move:
@@ -246,7 +182,7 @@ def local_moves(depth: int) -> Move:
         )
         return PartitionState(clusters, state.u), move_state, ()
 
-    return Move(_no_state, step_fn, 2)
+    return Move(no_state, step_fn, 2)
 
 
 # ----------------------------------------------------------------------------- the kernel

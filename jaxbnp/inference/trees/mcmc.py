@@ -101,7 +101,7 @@ from ...models.ddt import (
     tree_messages,
 )
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
-from ..base import SamplingAlgorithm
+from ..base import SamplingAlgorithm, run_chains
 
 __all__ = [
     "Hyperpriors", "DDTState", "DDTInfo", "init", "step", "algorithm",
@@ -672,9 +672,9 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
             return self._init_one(spec, k, p, args, kwargs)
 
         def many(ks, ps, args, kwargs):
-            # lax.map, not vmap: initialisation runs once, and the batched generative
+            # map, not vmap: initialisation runs once, and the batched generative
             # process takes about twice as long to compile
-            return lax.map(lambda a: one(*a, args, kwargs), (ks, ps))
+            return run_chains(one, ks, ps, args, kwargs, in_axes=(0, 0, None, None), how="map")
 
         # one compiled program (op-by-op tracing of the generative process is slow to
         # compile), kept on the kernel: a second MCMC.run of the same shape compiles nothing
@@ -722,7 +722,8 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
 
     def sample(self, state, model_args, model_kwargs):
         if jnp.ndim(state.log_joint):  # chains on a leading axis (chain_method="vectorized")
-            return jax.vmap(self._sample_one, in_axes=(0, None, None))(state, model_args, model_kwargs)
+            return run_chains(self._sample_one, state, model_args, model_kwargs,
+                              in_axes=(0, None, None), how="vmap")
         return self._sample_one(state, model_args, model_kwargs)
 
     def refresh(self, state, model_args, model_kwargs):
@@ -731,7 +732,9 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         def one(s):
             return self._state_from_z(s.z, s.subtree_accepted, s.rng_key, model_args, model_kwargs)
 
-        return jax.vmap(one)(state) if jnp.ndim(state.log_joint) else one(state)
+        if jnp.ndim(state.log_joint):
+            return run_chains(one, state, in_axes=(0,), how="vmap")
+        return one(state)
 
     def get_diagnostics_str(self, state):
         n = (np.shape(state.chain.tree.time)[-1] + 1) // 2

@@ -66,7 +66,7 @@ from ..._validation import check_int
 from ...models.ddt import (
     Tree, attach, bottom_up_order, detach, log_joint_terms_and_sizes, num_leaves, root_of, sample_tree,
 )
-from ..base import SamplingAlgorithm
+from ..base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
 from . import mcmc
 from .mcmc import DDTInfo, DDTState, DiffusionTreeMCMC, Hyperpriors, select_state
 
@@ -373,38 +373,6 @@ def init(trees: Tree, X: Any, c: Any, sigma: Any, noise: Any = 0.0) -> DDTState:
     return jax.vmap(mcmc.init, in_axes=(0, 0 if X.ndim == 3 else None, 0, 0, 0))(trees, X, c, sigma, noise)
 
 
-CHAIN_BATCHING = ("auto", "vmap", "map")
-
-
-def run_chains(fn: Callable, *args, in_axes, how: str = "auto"):
-    """``fn`` on every chain: ``jax.vmap`` (``how="vmap"``) or one chain after another
-    (``lax.map``, ``how="map"``); ``"auto"`` picks ``map`` on CPU and ``vmap`` on an
-    accelerator. The draws are the same either way (to the last bit of a float, which the
-    batched and one-chain programs may round differently).
-
-    Why ``map`` on CPU: a sweep's moves are walks along root paths (``while`` loops whose
-    length differs from chain to chain). One chain's walk compiles on XLA:CPU into a tight
-    loop; the batched walk runs every step through XLA's runtime: at 512 points 4 vmapped
-    chains took 1.6 times as long as the same 4 chains one after another, 64 took 2.1 times
-    (docs/benchmarks.md, diffusion trees). At a few dozen points vmap wins from about 16
-    chains on; ``how="vmap"`` picks it. An accelerator needs the batch.
-    """
-    if how not in CHAIN_BATCHING:
-        raise ValueError(f"chain_batching must be one of {CHAIN_BATCHING}, got {how!r}.")
-    if how == "auto":
-        how = "map" if jax.default_backend() == "cpu" else "vmap"
-    if how == "vmap":
-        return jax.vmap(fn, in_axes=in_axes)(*args)
-    mapped = tuple(a for a, ax in zip(args, in_axes) if ax is not None)
-    fixed = {i: a for i, (a, ax) in enumerate(zip(args, in_axes)) if ax is None}
-
-    def one(xs):
-        it = iter(xs)
-        return fn(*(fixed[i] if i in fixed else next(it) for i in range(len(args))))
-
-    return lax.map(one, mapped)
-
-
 def step(
     key: jax.Array,
     chains: DDTState,
@@ -604,14 +572,15 @@ class PopulationDDT(DiffusionTreeMCMC):
         )
         z = dict(z)
         z[reading.spec.tree_site] = chains.tree
-        lj = jax.vmap(lambda zz, chain: self._log_joint(zz, chain, model_args, model_kwargs))(z, chains)
+        lj = run_chains(lambda zz, chain: self._log_joint(zz, chain, model_args, model_kwargs),
+                        z, chains, in_axes=(0, 0), how="vmap")
         return PopulationDDTState(z, chains, lj, sub_acc, exchanged.accepted, key)
 
     def refresh(self, state, model_args, model_kwargs):
         def one(z):
             return self._state_from_z(z, jnp.zeros((), jnp.int32), jax.random.key(0), model_args, model_kwargs)
 
-        fresh = jax.vmap(one)(state.z)
+        fresh = run_chains(one, state.z, in_axes=(0,), how="vmap")
         return state._replace(chain=fresh.chain, log_joint=fresh.log_joint)
 
     def get_diagnostics_str(self, state):
