@@ -528,6 +528,17 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="exactly one latent DiffusionTree"):
         MCMC(DiffusionTreeMCMC(lambda X: None), num_warmup=1, num_samples=1, progress_bar=False).run(
             jax.random.key(0), X6)
+
+    class MyTrees(DiffusionTreeMCMC):  # the errors name the user's kernel
+        pass
+
+    with pytest.raises(ValueError, match="^MyTrees needs a model with exactly one latent DiffusionTree"):
+        MCMC(MyTrees(lambda X: None), num_warmup=1, num_samples=1, progress_bar=False).run(
+            jax.random.key(0), X6)
+    # a misspelt init_params name is an error, not a value silently dropped
+    with pytest.raises(ValueError, match=r"^PopulationDDT: init_params names \['sgima'\].*\['c', 'sigma', 'tree'\]"):
+        PopulationDDT(model, 2, 2).init(jax.random.split(jax.random.key(0), 2), 0,
+                                        {"sgima": jnp.ones(2)}, (X6,), {})
     _raises("time_step_size", DiffusionTreeMCMC, model, time_step_size=0.0)
     _raises("init_strategy", DiffusionTreeMCMC, model, init_strategy="random")
     # population kernel

@@ -250,6 +250,13 @@ def test_model_errors_name_the_users_kernel(name):
             jax.random.key(0), X)
     with pytest.raises(ValueError, match=rf"^{name}\(model\): model must be"):
         cls("not a model")
+    # a misspelt init_params name is an error naming the kernel, never a value dropped
+    with pytest.raises(ValueError, match=rf"^{name}: init_params names \['zz'\].*\['z'\]"):
+        cls(dp_model).init(jax.random.key(0), 0, {"zz": jnp.zeros(12, jnp.int32)}, (X,), {})
+    # and a user's subclass is named as the user wrote it
+    mine = type(f"My{name}", (cls,), {})
+    with pytest.raises(ValueError, match=f"^My{name} needs a model with exactly one latent Partition"):
+        mine(no_partition).init(jax.random.key(0), 0, None, (X,), {})
 
 
 def test_family_data_mismatch_raises():

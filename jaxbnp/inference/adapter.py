@@ -1,6 +1,13 @@
 """NumPyro adapter plumbing shared by jaxbnp's kernels: reading a model's trace
 (:func:`trace_model`, :func:`sample_sites`) and the :class:`DiscreteSiteKernel` base
-of the kernels over discrete or structured sites (partitions, diffusion trees)."""
+of the kernels over discrete or structured sites (partitions, diffusion trees).
+
+One protocol reads a model for every kernel (:meth:`DiscreteSiteKernel.read_model`): the
+model is traced once, with ``init_params`` substituted and the kernel's own sites filled
+with placeholders (the kernel's ``fill_site``); the kernel's ``find_spec(trace)`` finds the
+sites it needs and returns a small spec (a named tuple of site names and sizes, with
+``owned_sites``: the sites the kernel updates); ``init_params`` may only name sites of the
+model; every error names the user's kernel (``type(kernel).__name__``)."""
 
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ import jax
 from numpyro.handlers import seed, substitute, trace
 from numpyro.infer.mcmc import MCMCKernel
 
-__all__ = ["DiscreteSiteKernel", "sample_sites", "trace_model"]
+__all__ = ["DiscreteSiteKernel", "sample_sites", "trace_model", "check_init_params"]
 
 
 def trace_model(model: Callable, z: dict, model_args, model_kwargs,
@@ -36,6 +43,18 @@ def sample_sites(model_trace, fn_type: Any = object, observed: bool | None = Non
     ]
 
 
+def check_init_params(init_params: dict, model_trace, owner: str) -> None:
+    """Every name in ``init_params`` must be a site of the model: a misspelt name is an error
+    (naming the kernel ``owner`` and the model's latent sites), never a value dropped."""
+    unknown = sorted(set(init_params) - set(model_trace))
+    if unknown:
+        latent = sample_sites(model_trace, observed=False)
+        raise ValueError(
+            f"{owner}: init_params names {unknown}, which the model has no site for; its latent "
+            f"sites are {latent}."
+        )
+
+
 class DiscreteSiteKernel(MCMCKernel):
     """NumPyro adapter plumbing shared by jaxbnp's kernels over discrete / structured sites.
 
@@ -50,6 +69,33 @@ class DiscreteSiteKernel(MCMCKernel):
     @property
     def model(self):
         return self._model
+
+    @property
+    def owner(self) -> str:
+        """The user's kernel class, as every error names it."""
+        return type(self).__name__
+
+    # -- the one protocol for reading a model (module docstring) ---------------------------
+    def fill_site(self, site):
+        """A placeholder value for one of the kernel's own sites before it has one (``None``:
+        the site is sampled or taken from ``init_params``)."""
+        return None
+
+    def find_spec(self, model_trace):
+        """The sites this kernel needs, read off one trace: a named tuple of site names and
+        sizes with an ``owned_sites`` property; raises ``ValueError`` naming :attr:`owner`
+        for a model it cannot run."""
+        raise NotImplementedError
+
+    def read_model(self, init_params, model_args, model_kwargs):
+        """``(trace, spec)``: the model traced once with ``init_params`` substituted and the
+        kernel's sites filled (:meth:`fill_site`), the kernel's :meth:`find_spec` of it, and
+        ``init_params`` checked against the model's sites (:func:`check_init_params`)."""
+        z0 = dict(init_params or {})
+        tr = trace_model(self._model, z0, model_args, model_kwargs, fill=self.fill_site)
+        spec = self.find_spec(tr)
+        check_init_params(z0, tr, self.owner)
+        return tr, spec
 
     @property
     def spec(self):

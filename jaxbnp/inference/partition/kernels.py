@@ -84,6 +84,11 @@ class ModelSpec(NamedTuple):
     sigma_site: str | None
     num_points: int
 
+    @property
+    def owned_sites(self) -> tuple[str, ...]:
+        """The sites the kernel updates: the partition, NGGP's ``u``, the hyperparameters."""
+        return tuple(s for s in (self.partition_site, self.u_site, self.alpha_site, self.sigma_site) if s)
+
 
 def _fill_partition(site):
     """Placeholders for the sites a partition kernel owns, before it has values for them."""
@@ -299,11 +304,17 @@ class PartitionKernel(DiscreteSiteKernel):
         u = p_fn.u if p_fn.u is not None else jnp.ones(())
         return p_fn.measure, obs["fn"].family, jnp.asarray(obs["value"]), u, priors
 
+    def fill_site(self, site):
+        return _fill_partition(site)
+
+    def find_spec(self, model_trace) -> ModelSpec:
+        spec = _find_spec(model_trace, self._update_hyperparameters, self.owner)
+        self._validate_trace(model_trace, spec)
+        return spec
+
     def _setup(self, init_params, model_args, model_kwargs):
         z0 = dict(init_params or {})
-        tr = trace_model(self._model, z0, model_args, model_kwargs, fill=_fill_partition)
-        spec = _find_spec(tr, self._update_hyperparameters, type(self).__name__)
-        self._validate_trace(tr, spec)
+        tr, spec = self.read_model(z0, model_args, model_kwargs)
         obs = tr[spec.observation_site]
         X = obs["value"]
         if not isinstance(X, jax.core.Tracer):
@@ -400,10 +411,10 @@ class PartitionKernel(DiscreteSiteKernel):
             z[spec.u_site] = measure.u_mode(clusters.counts).astype(z[spec.u_site].dtype)
         u = z.get(spec.u_site, jnp.ones(()))
         lj = cluster_log_joint(clusters, measure, family, u)
-        # the move's own state, under the model's values with the initial partition
-        measure, family, X, u_read, _ = self._read(z, model_args, model_kwargs)
+        # the move's own state: the model read once above (the measure, family and data do
+        # not depend on the partition or u; the Partition site takes the u site unchanged)
         kernel_state = moves.init(
-            PartitionState(clusters, u_read), moves.Context(X, measure, family, cid), move
+            PartitionState(clusters, u), moves.Context(X, measure, family, cid), move
         )
         zero = jnp.zeros((), jnp.int32)
         return PartitionKernelState(

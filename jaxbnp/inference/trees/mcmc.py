@@ -457,6 +457,11 @@ class ModelSpec(NamedTuple):
     noise_site: str | None
     num_points: int
 
+    @property
+    def owned_sites(self) -> tuple[str, ...]:
+        """The sites the kernel updates: the tree and ``c``, ``σ``, ``s`` when they are sites."""
+        return tuple(s for s in (self.tree_site, self.c_site, self.sigma_site, self.noise_site) if s)
+
 
 class _Reading(NamedTuple):
     """The model read at one ``z`` (:meth:`DiffusionTreeMCMC._read`)."""
@@ -579,7 +584,6 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
     """
 
     sample_field = "z"
-    _name = "DiffusionTreeMCMC"
 
     def __init__(
         self,
@@ -590,7 +594,7 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         init_strategy: str = "prior",
     ):
         if not callable(model):
-            raise ValueError(f"{self._name}(model): model must be a NumPyro model function.")
+            raise ValueError(f"{type(self).__name__}(model): model must be a NumPyro model function.")
         if init_strategy not in ("prior", "comb"):
             raise ValueError(f"init_strategy must be 'prior' or 'comb', got {init_strategy!r}.")
         if num_subtree_moves is not None and int(num_subtree_moves) < 0:
@@ -608,7 +612,7 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
     def _read(self, z, model_args, model_kwargs) -> _Reading:
         """The model at ``z`` (which holds the tree): its sites, scales, data and hyperpriors."""
         tr = trace_model(self._model, z, model_args, model_kwargs)
-        spec = _find_spec(tr, self._name)
+        spec = self.find_spec(tr)
         tree_fn, data = tr[spec.tree_site]["fn"], tr[spec.data_site]
         hyper_sites = (spec.c_site, spec.sigma_site, spec.noise_site)
         priors = Hyperpriors(*(tr[s]["fn"] if s else None for s in hyper_sites))
@@ -618,10 +622,15 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         return _Reading(spec, tree_fn.c, data["fn"].sigma, data["fn"].noise, jnp.asarray(data["value"]),
                         priors, log_hyper)
 
+    def fill_site(self, site):
+        return _fill_tree(site)
+
+    def find_spec(self, model_trace) -> ModelSpec:
+        return _find_spec(model_trace, self.owner)
+
     def _setup(self, init_params, model_args, model_kwargs) -> ModelSpec:
         z0 = dict(init_params or {})
-        tr = trace_model(self._model, z0, model_args, model_kwargs, fill=_fill_tree)
-        spec = _find_spec(tr, self._name)
+        tr, spec = self.read_model(z0, model_args, model_kwargs)
         X = tr[spec.data_site]["value"]
         if not isinstance(X, jax.core.Tracer):
             X = check_data(X, name=f"observed site '{spec.data_site}'")

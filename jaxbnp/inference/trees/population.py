@@ -481,8 +481,6 @@ class PopulationDDT(DiffusionTreeMCMC):
     ``"subtree_accepted"``, ``"exchange_accepted"``.
     """
 
-    _name = "PopulationDDT"
-
     def __init__(
         self,
         model: Callable,
