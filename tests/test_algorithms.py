@@ -110,3 +110,45 @@ def test_init_draws_the_start_it_is_not_given():
     assert int(state.partition.clusters.num_clusters) == 1
     assert float(state.partition.u) == pytest.approx(float(bnp.NGGP(1.0, 0.3).u_mode(jnp.array([8.0]))),
                                                      rel=1e-6)
+
+
+def _kept(state):
+    """What the runner keeps of an AlgorithmKernel's state (module-level: programs reused)."""
+    return {"labels": state.state.partition.clusters.labels, "accepted": state.info.mh.num_accepted}
+
+
+def test_the_runner_and_numpyro_drive_a_pure_core():
+    """``AlgorithmKernel`` runs any algorithm: through ``runner.run`` and through NumPyro's
+    ``MCMC`` the draws are those of the algorithm stepped by hand with the documented keys
+    (``k_init, k_run = split(chain_key)``; step ``t`` takes the ``t``-th ``key, k =
+    split(key)``), and the step's info is kept beside the state."""
+    from numpyro.infer import MCMC
+
+    from jaxbnp.inference.adapter import AlgorithmKernel
+    from jaxbnp.inference.runner import run
+
+    move = moves.chain(moves.split_merge(2), moves.gibbs_sweep())
+
+    def make(X):
+        return moves.algorithm(move, X, bnp.DP(1.0), NG)
+
+    key, warmup, draws = jax.random.key(4), 2, 3
+    result = run(lambda capacity: AlgorithmKernel(make), key, (X,), num_warmup=warmup,
+                 num_samples=draws, num_chains=2, collect=_kept)
+    mcmc = MCMC(AlgorithmKernel(make), num_warmup=warmup, num_samples=draws, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(4), X)  # a legacy key: the same draws
+    by_numpyro = np.asarray(mcmc.get_samples(group_by_chain=True).partition.clusters.labels)
+    step = jax.jit(make(X).step)
+    for c, chain_key in enumerate(jax.random.split(key, 2)):
+        k_init, k = jax.random.split(chain_key)
+        state = make(X).init(k_init)
+        for t in range(warmup + draws):
+            k, k_step = jax.random.split(k)
+            state, info = step(k_step, state)
+            if t >= warmup:
+                labels = np.asarray(state.partition.clusters.labels)
+                np.testing.assert_array_equal(result.samples["labels"][c, t - warmup], labels)
+                np.testing.assert_array_equal(by_numpyro[c, t - warmup], labels)
+                assert result.samples["accepted"][c, t - warmup] == int(info.mh.num_accepted)
+    assert len({r.tobytes() for r in result.samples["labels"].reshape(-1, X.shape[0])}) > 1  # it moves

@@ -8,6 +8,7 @@
 - ``sharded`` and ``distributed``: the drivers over device meshes and hosts.
 """
 
+from .adapter import AlgorithmKernel
 from .bhmc import BHMCFit, BHMCKernel, fit_bhmc
 from .partition import (
     CapacityError, ClusterState, CollapsedGibbs, CollapsedGibbsState, PartitionKernel, SplitMerge,
@@ -21,6 +22,7 @@ __all__ = [
     "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn",
     "SplitMerge", "SubClusterMCMC", "TreeGuidedMCMC", "DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt",
     "BHMCFit", "BHMCKernel", "fit_bhmc", "PartitionKernel", "moves", "PARTITION_KERNELS",
+    "AlgorithmKernel",
 ]
 
 #: the ready-made partition samplers by the method names the estimators and the command

@@ -12,13 +12,18 @@ model; every error names the user's kernel (``type(kernel).__name__``)."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from numpyro.handlers import seed, substitute, trace
 from numpyro.infer.mcmc import MCMCKernel
 
-__all__ = ["DiscreteSiteKernel", "sample_sites", "trace_model", "check_init_params"]
+from .._random import typed_key
+from .base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
+
+__all__ = ["DiscreteSiteKernel", "sample_sites", "trace_model", "check_init_params",
+           "AlgorithmKernel", "AlgorithmState"]
 
 
 def trace_model(model: Callable, z: dict, model_args, model_kwargs,
@@ -124,3 +129,95 @@ class DiscreteSiteKernel(MCMCKernel):
         d = self.__dict__.copy()
         d["_sample_fn"] = None
         return d
+
+
+# ----------------------------------------------------------------------------- pure cores
+class AlgorithmState(NamedTuple):
+    """State of an :class:`AlgorithmKernel`: the algorithm's state, the info of its last step
+    (zeros before the first) and the key of the next step."""
+
+    state: Any
+    info: Any
+    rng_key: jax.Array
+
+
+class AlgorithmKernel(MCMCKernel):
+    """Any :class:`~jaxbnp.inference.base.SamplingAlgorithm` as a NumPyro kernel: what
+    :func:`jaxbnp.inference.runner.run` drives when it is given a pure core (and what
+    ``numpyro.infer.MCMC`` runs as it is).
+
+    :param make_algorithm: ``make_algorithm(*model_args, **model_kwargs) -> SamplingAlgorithm``
+        with the data bound (e.g. ``lambda X: moves.algorithm(move, X, measure, family)``);
+        called inside the compiled programs with the run's arguments, so the data are
+        arguments of the programs, not constants in them.
+    :param chain_batching: how NumPyro's vectorized chains run in one program
+        (:func:`~jaxbnp.inference.base.run_chains`).
+    :param overflowed: ``overflowed(state) -> bool array`` when the algorithm's state can run
+        out of slots (the runner then grows the capacity its ``make_kernel`` gets).
+
+    A chain with key ``k`` starts from ``algorithm.init(k_init, **init_params)`` and takes
+    its ``t``-th step with the ``t``-th key of ``k_run``'s sequence ``key, k = split(key)``,
+    where ``k_init, k_run = split(k)``. ``init_params`` are ``algorithm.init``'s keyword
+    arguments (a leading chain axis for several chains). The sample field is ``"state"``.
+    """
+
+    sample_field = "state"
+    #: a pure device program: the runner may run groups of chains from threads
+    chains_in_threads = True
+
+    def __init__(self, make_algorithm: Callable[..., SamplingAlgorithm], *,
+                 chain_batching: str = "vmap", overflowed: Callable[[Any], Any] | None = None):
+        if not callable(make_algorithm):
+            raise ValueError("AlgorithmKernel(make_algorithm): make_algorithm must be callable.")
+        if chain_batching not in CHAIN_BATCHING:
+            raise ValueError(f"chain_batching must be one of {CHAIN_BATCHING}, got {chain_batching!r}.")
+        self._make_algorithm = make_algorithm
+        self._chain_batching = chain_batching
+        self._overflowed = overflowed
+
+    @property
+    def model(self):
+        return None
+
+    @property
+    def default_fields(self):
+        return ("state",)
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        return lambda z: z
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        keys = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
+        params = dict(init_params or {})
+        model_kwargs = dict(model_kwargs or {})
+
+        def one(key, params):
+            alg = self._make_algorithm(*model_args, **model_kwargs)
+            k_init, k_run = jax.random.split(key)
+            state = alg.init(k_init, **params)
+            shape = jax.eval_shape(lambda k, s: alg.step(k, s)[1], k_run, state)
+            info = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shape)
+            return AlgorithmState(state, info, k_run)
+
+        if keys.ndim == 0:
+            return one(keys, params)
+        return run_chains(one, keys, params, in_axes=(0, 0), how="vmap")
+
+    def sample(self, state, model_args, model_kwargs):
+        model_kwargs = dict(model_kwargs or {})
+
+        def one(s):
+            alg = self._make_algorithm(*model_args, **model_kwargs)
+            key, k_step = jax.random.split(s.rng_key)
+            new, info = alg.step(k_step, s.state)
+            return AlgorithmState(new, info, key)
+
+        if jnp.ndim(state.rng_key) == 0:
+            return one(state)
+        return run_chains(one, state, in_axes=(0,), how=self._chain_batching)
+
+    def overflowed(self, state) -> bool:
+        """Whether a chain ran out of slots (``overflowed`` given at construction)."""
+        if self._overflowed is None:
+            return False
+        return bool(jnp.any(jnp.asarray(self._overflowed(state.state))))

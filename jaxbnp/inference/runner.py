@@ -1,8 +1,10 @@
 """The one driver of every jaxbnp sampler: warm-up, draws, progress, checkpoints,
 capacity growth.
 
-:func:`run` takes a NumPyro ``MCMCKernel`` (a jaxbnp kernel, or any kernel
-whose ``init``/``sample`` follow NumPyro's protocol) and does what
+:func:`run` takes a NumPyro ``MCMCKernel`` (a jaxbnp kernel, any kernel
+whose ``init``/``sample`` follow NumPyro's protocol, or a pure core, a
+:class:`~jaxbnp.inference.base.SamplingAlgorithm`, through
+:class:`~jaxbnp.inference.adapter.AlgorithmKernel`) and does what
 ``numpyro.infer.MCMC(kernel, num_warmup=W, num_samples=N * thinning,
 thinning=thinning, num_chains=C, chain_method=...).run(key, *args)``
 does: the same key splitting, the same kernel calls, the same kept iterations,
@@ -271,84 +273,147 @@ def run(
     model_kwargs = dict(model_kwargs or {})
     num_warmup, num_samples, num_chains, thinning = (
         int(num_warmup), int(num_samples), int(num_chains), int(thinning))
-    checkpoint_every = int(checkpoint_every or 0)
-    if chain_method in ("auto", "threads") and num_chains > 1 and not getattr(
-            make_kernel(capacity), "chains_in_threads", False):
-        chain_method = "vectorized"  # kernels that couple chains or keep host-side state
-    chain_method = resolve_chain_method(chain_method, num_chains)
-    if chain_method == "threads" and checkpoint is not None:
-        chain_method = "vectorized"  # one program to save from; the same draws
     if resume and checkpoint is None:
         raise ValueError("resume=True needs the checkpoint file to continue.")
+    chain_method = _chain_method(make_kernel, capacity, chain_method, num_chains, checkpoint)
     saved = load_checkpoint(checkpoint) if resume else None
     if saved is not None:
         check_resumable(saved, num_chains, thinning)
         num_warmup = 0
     show = resolve_progress(progress_bar)
-    total = num_warmup + num_samples * thinning
-    blocks = show or heartbeat is not None
-    chunk = max(1, -(-total // PROGRESS_BLOCKS)) if blocks else max(total, 1)
-    stops = {total} | set(range(chunk, total, chunk))
-    saves = set()
-    if checkpoint is not None:
-        saves = {total} | ({num_warmup} if saved is None else set())
-        if checkpoint_every:
-            saves |= set(range(num_warmup + checkpoint_every * thinning, total,
-                               checkpoint_every * thinning))
-        stops |= saves
-    bounds = [0, *sorted(b for b in stops if b > 0)]
+    blocks = _blocks(num_warmup, num_samples, thinning, show or heartbeat is not None,
+                     checkpoint, int(checkpoint_every or 0), saved is None)
+    settings = _Settings(chain_method, num_chains, num_warmup, num_samples, thinning, collect,
+                         cache_key, compiler_options, checkpoint, extra_fields, description, show,
+                         heartbeat)
     key = typed_key(key)  # jax.random.PRNGKey or jax.random.key: the same draws
-    settings = (chain_method, num_chains, num_warmup, num_samples, thinning)
     while True:
         t0 = time.perf_counter()
-        if chain_method == "threads":
-            threaded = _Threaded(make_kernel, capacity, cache_key, collect, compiler_options,
-                                 num_chains, num_warmup, num_samples, thinning)
-            kernel, start, advance = threaded.kernel, threaded.start, threaded.advance
-        else:
-            kernel, start, restart, advance = _programs(
-                make_kernel, capacity, cache_key, collect, compiler_options, settings)
         try:
-            label = description if capacity is None else f"{description} (capacity {capacity})"
-            with progress_bar_context(total, label, show) as bar:
-                if saved is not None:
-                    carry = restart(saved.last_state, model_args, model_kwargs)
-                else:
-                    keys = jax.random.split(key, num_chains) if num_chains > 1 else key
-                    carry = start(keys, init_params, model_args, model_kwargs)
-                if 0 in saves:
-                    _save(checkpoint, saved, None, carry[0], 0, num_samples, num_warmup,
-                          num_chains, thinning, extra_fields, chain_method)
-                for first, last in zip(bounds[:-1], bounds[1:]):
-                    carry = advance(carry, first, last - first, model_args, model_kwargs)
-                    if blocks:
-                        jax.block_until_ready(carry)
-                        if not bar.disable:
-                            bar.update(last - first)
-                        if heartbeat is not None:
-                            heartbeat.tick(last - first)
-                    if last in saves:
-                        draws = max(0, (last - num_warmup) // thinning)
-                        _save(checkpoint, saved, carry[1], carry[0], draws, num_samples,
-                              num_warmup, num_chains, thinning, extra_fields, chain_method)
-                state, buffers = threaded.join(carry) if chain_method == "threads" else carry
-                overflowed = getattr(kernel, "overflowed", None)
-                if overflowed is not None and overflowed(state):
-                    raise CapacityError(
-                        f"all {capacity} cluster slots are in use; the run is discarded")
-                samples = _by_chain(buffers, num_chains, chain_method)
+            samples, state = _attempt(make_kernel, capacity, key, model_args, model_kwargs,
+                                      init_params, saved, blocks, settings)
             break
         except CapacityError:
-            if (saved is not None or capacity is None
-                    or (max_capacity is not None and capacity >= max_capacity)):
+            grown = _grown(capacity, max_capacity, saved)
+            if grown is None:
                 raise
-            capacity = 2 * capacity if max_capacity is None else min(2 * capacity, max_capacity)
+            capacity = grown
             if heartbeat is not None and hasattr(heartbeat, "count"):
                 heartbeat.count = 0
             if on_restart is not None:
                 on_restart(capacity)
     seconds = time.perf_counter() - t0
     return RunResult(_joined(saved, samples), state, capacity, seconds)
+
+
+class _Settings(NamedTuple):
+    """What one attempt of :func:`run` needs besides the capacity, the key and the data."""
+
+    chain_method: str
+    num_chains: int
+    num_warmup: int
+    num_samples: int
+    thinning: int
+    collect: Callable
+    cache_key: Any
+    compiler_options: dict | None
+    checkpoint: Any
+    extra_fields: tuple
+    description: str
+    show: bool
+    heartbeat: Any
+
+
+class _Blocks(NamedTuple):
+    """The iterations cut into compiled blocks: ``bounds`` (``0 = b0 < b1 < ... = total``),
+    after which iterations a checkpoint is written (``saves``), and whether each block is
+    waited for (progress)."""
+
+    bounds: list
+    saves: set
+    wait: bool
+    total: int
+
+
+def _chain_method(make_kernel, capacity, chain_method, num_chains, checkpoint) -> str:
+    """The chain method a run uses: :func:`resolve_chain_method`'s, ``"vectorized"`` for
+    kernels that do not declare ``chains_in_threads`` (they couple chains or keep host-side
+    state) and for a checkpointed run (one program to save from); the same draws."""
+    if chain_method in ("auto", "threads") and num_chains > 1 and not getattr(
+            make_kernel(capacity), "chains_in_threads", False):
+        chain_method = "vectorized"
+    chain_method = resolve_chain_method(chain_method, num_chains)
+    if chain_method == "threads" and checkpoint is not None:
+        chain_method = "vectorized"
+    return chain_method
+
+
+def _blocks(num_warmup, num_samples, thinning, wait, checkpoint, checkpoint_every, fresh) -> _Blocks:
+    """Where the run stops between compiled blocks: every ``1/PROGRESS_BLOCKS`` of it when
+    progress is reported (``wait``), and where checkpoints are written (after the warm-up
+    of a fresh run, every ``checkpoint_every`` draws, at the end)."""
+    total = num_warmup + num_samples * thinning
+    chunk = max(1, -(-total // PROGRESS_BLOCKS)) if wait else max(total, 1)
+    stops = {total} | set(range(chunk, total, chunk))
+    saves = set()
+    if checkpoint is not None:
+        saves = {total} | ({num_warmup} if fresh else set())
+        if checkpoint_every:
+            saves |= set(range(num_warmup + checkpoint_every * thinning, total,
+                               checkpoint_every * thinning))
+        stops |= saves
+    return _Blocks([0, *sorted(b for b in stops if b > 0)], saves, wait, total)
+
+
+def _grown(capacity, max_capacity, saved) -> int | None:
+    """The next capacity after a run ran out of slots (doubled, at most ``max_capacity``);
+    ``None`` when there is none (no capacity, the largest already, or a resumed run)."""
+    if saved is not None or capacity is None or (max_capacity is not None and capacity >= max_capacity):
+        return None
+    return 2 * capacity if max_capacity is None else min(2 * capacity, max_capacity)
+
+
+def _attempt(make_kernel, capacity, key, model_args, model_kwargs, init_params, saved,
+             blocks: _Blocks, s: _Settings):
+    """One run at one capacity: ``(samples by chain, last state)``; ``CapacityError`` when a
+    chain ran out of slots (raised by the kernel, or its ``overflowed`` says so)."""
+    if s.chain_method == "threads":
+        threaded = _Threaded(make_kernel, capacity, s.cache_key, s.collect, s.compiler_options,
+                             s.num_chains, s.num_warmup, s.num_samples, s.thinning)
+        kernel, start, advance = threaded.kernel, threaded.start, threaded.advance
+    else:
+        settings = (s.chain_method, s.num_chains, s.num_warmup, s.num_samples, s.thinning)
+        kernel, start, restart, advance = _programs(
+            make_kernel, capacity, s.cache_key, s.collect, s.compiler_options, settings)
+    label = s.description if capacity is None else f"{s.description} (capacity {capacity})"
+
+    def save(carry, draws, buffers):
+        _save(s.checkpoint, saved, buffers, carry[0], draws, s.num_samples, s.num_warmup,
+              s.num_chains, s.thinning, s.extra_fields, s.chain_method)
+
+    with progress_bar_context(blocks.total, label, s.show) as bar:
+        if saved is not None:
+            carry = restart(saved.last_state, model_args, model_kwargs)
+        else:
+            keys = jax.random.split(key, s.num_chains) if s.num_chains > 1 else key
+            carry = start(keys, init_params, model_args, model_kwargs)
+        if 0 in blocks.saves:
+            save(carry, 0, None)
+        for first, last in zip(blocks.bounds[:-1], blocks.bounds[1:]):
+            carry = advance(carry, first, last - first, model_args, model_kwargs)
+            if blocks.wait:
+                jax.block_until_ready(carry)
+                if not bar.disable:
+                    bar.update(last - first)
+                if s.heartbeat is not None:
+                    s.heartbeat.tick(last - first)
+            if last in blocks.saves:
+                save(carry, max(0, (last - s.num_warmup) // s.thinning), carry[1])
+        state, buffers = threaded.join(carry) if s.chain_method == "threads" else carry
+        overflowed = getattr(kernel, "overflowed", None)
+        if overflowed is not None and overflowed(state):
+            raise CapacityError(f"all {capacity} cluster slots are in use; the run is discarded")
+        return _by_chain(buffers, s.num_chains, s.chain_method), state
 
 
 def calls_library_kernels(compiled) -> bool:

@@ -96,11 +96,10 @@ def init_clusters(family, X, labels, capacity: int) -> ClusterState:
     Raises ``ValueError`` when the labels use more clusters than ``capacity``.
     """
     X = jnp.asarray(X)
-    lab = np.asarray(labels)
-    if isinstance(labels, jax.core.Tracer):  # pragma: no cover - traced init
+    if isinstance(labels, jax.core.Tracer):  # traced (a compiled init): the slots as given
         lab_j = labels.astype(jnp.int32)
     else:
-        lab = compact_labels(check_labels(lab, X.shape[0]))
+        lab = compact_labels(check_labels(np.asarray(labels), X.shape[0]))
         k = int(lab.max()) + 1
         if k > capacity:
             raise ValueError(
