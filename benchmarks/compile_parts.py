@@ -56,17 +56,17 @@ def parts(repeats: int) -> dict:
     family = bnp.NormalWishart.from_data(X)
     measure = bnp.DP(1.0)
     labels = jnp.zeros(X.shape[0], jnp.int32)
-    counts, stats = S._segment_stats(family.point_stats(X), labels, C, None)
+    counts, stats = S.segment_stats(family.point_stats(X), labels, C, None)
     key = jax.random.key(0)
 
     def rng(k):
-        return S._IterationRandomness(k, family, stats, C, T, jnp.float32)
+        return S.IterationRandomness(k, family, stats, C, T, jnp.float32)
 
     cases = {
         "the iteration (subcluster.step)":
             (lambda k, z: S.step(k, z, X, measure, family, capacity=C)[0], (key, labels)),
         "label step's draws (weights, parameters)":
-            (lambda k: S._label_draws(rng(k), measure, family, counts, stats, jnp.float32), (key,)),
+            (lambda k: S.label_draws(rng(k), measure, family, counts, stats, jnp.float32), (key,)),
         "NormalWishart parameters of every slot":
             (lambda k: family.sample_params_from_uniform(rng(k).theta, stats, rng(k).k_theta), (key,)),
         "Dirichlet weights of every slot":

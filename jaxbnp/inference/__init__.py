@@ -5,7 +5,10 @@
 - ``tgmcmc``: tree-guided MCMC over IBHC trees;
 - ``trees``: Dirichlet diffusion trees, within-chain and population MCMC;
 - ``bhmc``: the nested CRP with multilevel HDP mixtures;
-- ``sharded`` and ``distributed``: the drivers over device meshes and hosts.
+- ``mesh``: device meshes and the layout of points over them; ``sharded``: MAP-DP and
+  collapsed Gibbs over a mesh; ``streamed``: the drivers over data larger than device
+  memory; ``distributed``: multi-host start-up (and the three re-exported);
+- ``base``, ``adapter``, ``runner``: the one algorithm shape, the NumPyro adapters, the one driver.
 """
 
 from .adapter import AlgorithmKernel

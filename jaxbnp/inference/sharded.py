@@ -1,5 +1,8 @@
 """Data-parallel MAP-DP and collapsed Gibbs over a device mesh (``jax.shard_map`` + ``lax.psum``).
 
+The mesh and the layout of the points over it are :mod:`jaxbnp.inference.mesh`'s (re-exported
+here: ``sharded.make_mesh``, ``sharded.shard_data``, ...).
+
 The points are sharded over a one-axis device mesh; every device holds the
 cluster ``counts`` and additive statistics of *all* points (docs/mathematics.md §2:
 statistics add), and the per-shard changes are combined with ``lax.psum``.
@@ -71,7 +74,6 @@ Example
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -79,14 +81,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from .._validation import check_data, check_int, check_labels
 from ..models.measures import Measure
+from .mesh import (
+    AXIS_NAME, Layout, ShardedData, make_layout, make_mesh, mesh_axis, shard_data, shard_labels,
+)
 from .partition.clusters import ClusterState, cluster_log_joint, compact_labels
 from .partition.gibbs import assignment_sweep, step_uniforms
 from .partition.mapdp import MAPDPResult, block_delta, block_proposal
+
+#: rows validated at a time (a ``np.memmap`` is read once, never held whole in memory)
+VALIDATION_ROWS = 1 << 20
 
 __all__ = [
     "AXIS_NAME",
@@ -102,151 +110,6 @@ __all__ = [
     "make_mapdp_sweep",
     "make_gibbs_sweeps",
 ]
-
-#: default name of the mesh axis the points are sharded over
-AXIS_NAME = "points"
-
-
-def make_mesh(num_devices: int | None = None, axis_name: str = AXIS_NAME, devices=None) -> Mesh:
-    """A one-axis mesh over the first ``num_devices`` devices (default: all, every process).
-
-    The axis type is ``AxisType.Auto`` (``jax.make_mesh`` now defaults to
-    Explicit axes, which ``shard_map`` does not need here).
-    """
-    devices = list(jax.devices() if devices is None else devices)
-    if num_devices is None:
-        num_devices = len(devices)
-    if not isinstance(num_devices, (int, np.integer)) or not 1 <= num_devices <= len(devices):
-        raise ValueError(
-            f"num_devices must be an integer between 1 and {len(devices)} (the devices "
-            f"available), got {num_devices!r}. On CPU, more host devices come from "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=N set before JAX starts."
-        )
-    return Mesh(np.asarray(devices[:num_devices]), (axis_name,), axis_types=(AxisType.Auto,))
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Block-cyclic placement of ``num_points`` points on ``num_shards`` shards (module docstring).
-
-    ``local_block`` points per shard and block, ``num_blocks`` blocks per shard.
-    """
-
-    num_points: int
-    num_shards: int
-    local_block: int
-    num_blocks: int
-
-    @property
-    def global_block(self) -> int:
-        return self.num_shards * self.local_block
-
-    @property
-    def local_size(self) -> int:
-        return self.num_blocks * self.local_block
-
-    @property
-    def padded_size(self) -> int:
-        return self.num_shards * self.local_size
-
-    def global_index(self, rows: np.ndarray | None = None) -> np.ndarray:
-        """Input index of each row of the sharded array (``>= num_points`` for padding)."""
-        rows = np.arange(self.padded_size) if rows is None else np.asarray(rows)
-        shard, rem = np.divmod(rows, self.local_size)
-        block, j = np.divmod(rem, self.local_block)
-        return block * self.global_block + shard * self.local_block + j
-
-    def row_of_point(self) -> np.ndarray:
-        """Row of the sharded array that holds each input point, ``(num_points,)``."""
-        g = self.global_index()
-        rows = np.empty(self.num_points, np.int64)
-        keep = g < self.num_points
-        rows[g[keep]] = np.nonzero(keep)[0]
-        return rows
-
-
-def make_layout(num_points: int, num_shards: int, block_size: int) -> Layout:
-    """The layout of ``num_points`` points on ``num_shards`` shards with global blocks of
-    about ``block_size`` points (rounded up to a multiple of ``num_shards``)."""
-    num_points = check_int("num_points", num_points, 1)
-    num_shards = check_int("num_shards", num_shards, 1)
-    block_size = check_int("block_size", block_size, 1)
-    local_block = -(-block_size // num_shards)
-    num_blocks = -(-num_points // (local_block * num_shards))
-    return Layout(num_points, num_shards, local_block, num_blocks)
-
-
-class ShardedData(NamedTuple):
-    """Points placed on the mesh: ``X`` ``(padded, D)`` and ``valid`` ``(padded,)``, both
-    sharded over the mesh axis (rows in ``layout`` order)."""
-
-    X: jax.Array
-    valid: jax.Array
-
-
-def _mesh_axis(mesh: Mesh) -> str:
-    if not isinstance(mesh, Mesh):
-        raise ValueError(f"mesh must be a jax.sharding.Mesh (see make_mesh), got {type(mesh).__name__}.")
-    if len(mesh.axis_names) != 1:
-        raise ValueError(
-            f"mesh must have exactly one axis (the points axis), got axes {mesh.axis_names}; "
-            "use make_mesh(num_devices)."
-        )
-    return mesh.axis_names[0]
-
-
-def shard_data(X: np.ndarray, mesh: Mesh, layout: Layout, dtype=None) -> ShardedData:
-    """Place host data ``X`` (``(n, D)``) on ``mesh`` in ``layout`` order.
-
-    Each device's rows are cut from ``X`` by a callback
-    (``jax.make_array_from_callback``), so with several processes every process
-    only materialises its own devices' rows (``X`` may be a ``np.memmap``).
-    Padding rows repeat the last point and are masked out.
-    """
-    axis = _mesh_axis(mesh)
-    if X.shape[0] != layout.num_points:
-        raise ValueError(f"X has {X.shape[0]} points but the layout is for {layout.num_points}.")
-    if mesh.devices.size != layout.num_shards:
-        raise ValueError(
-            f"the mesh has {mesh.devices.size} devices but the layout has {layout.num_shards} shards."
-        )
-    dtype = dtype or jnp.result_type(float)
-    sharding = NamedSharding(mesh, P(axis))
-    n, D = X.shape
-
-    def rows(index):
-        r = np.arange(layout.padded_size)[index[0]]
-        return layout.global_index(r)
-
-    Xd = jax.make_array_from_callback(
-        (layout.padded_size, D), sharding,
-        lambda index: np.asarray(X[np.minimum(rows(index), n - 1)], dtype=dtype),
-    )
-    valid = jax.make_array_from_callback(
-        (layout.padded_size,), sharding, lambda index: rows(index) < n
-    )
-    return ShardedData(Xd, valid)
-
-
-def shard_labels(labels: np.ndarray, mesh: Mesh, layout: Layout) -> jax.Array:
-    """Place host int labels (``(n,)``, slots ``< capacity``) on ``mesh`` in ``layout`` order
-    (padding rows get slot 0; they are masked out of every count)."""
-    axis = _mesh_axis(mesh)
-    labels = np.asarray(labels, np.int32)
-    n = layout.num_points
-    if labels.shape != (n,):
-        raise ValueError(f"labels must have shape ({n},), got {labels.shape}.")
-
-    def rows(index):
-        g = layout.global_index(np.arange(layout.padded_size)[index[0]])
-        return np.where(g < n, labels[np.minimum(g, n - 1)], 0).astype(np.int32)
-
-    return jax.make_array_from_callback((layout.padded_size,), NamedSharding(mesh, P(axis)), rows)
-
-
-#: rows validated at a time (a ``np.memmap`` is read once, never held whole in memory)
-VALIDATION_ROWS = 1 << 20
-
 
 def _check_points(X: Any, family) -> Any:
     """``check_data`` for small inputs; a NumPy array (or ``np.memmap``) is checked in row
@@ -268,7 +131,7 @@ def _check_inputs(X, family, capacity, block_size, mesh):
     capacity = check_int("capacity", capacity, 1)
     block_size = check_int("block_size", block_size, 1)
     mesh = make_mesh() if mesh is None else mesh
-    _mesh_axis(mesh)
+    mesh_axis(mesh)
     return X, capacity, block_size, mesh
 
 
@@ -341,7 +204,7 @@ def _mapdp_sweep(Xl, valid_l, labels, counts, stats, overflow, measure, family, 
 
 @functools.lru_cache(maxsize=32)
 def _mapdp_program(mesh: Mesh, layout: Layout, capacity: int, tol: float, max_iter: int):
-    axis = _mesh_axis(mesh)
+    axis = mesh_axis(mesh)
 
     def run(Xl, valid_l, measure, family):
         dtype = Xl.dtype
@@ -382,7 +245,7 @@ def make_mapdp_sweep(mesh: Mesh, layout: Layout, capacity: int):
     """A jitted ``(X, valid, labels, measure, family) -> (labels, counts, stats, overflow, nll)``:
     one data-parallel MAP-DP sweep from ``labels`` (sharded arrays from :func:`shard_data`),
     statistics rebuilt from the labels before and after it. For benchmarks and custom loops."""
-    axis = _mesh_axis(mesh)
+    axis = mesh_axis(mesh)
 
     def run(Xl, valid_l, labels, measure, family):
         counts, stats = _stats_of(Xl, valid_l, labels, family, capacity, axis)
@@ -506,7 +369,7 @@ def _gibbs_block(key, Xl, valid_l, labels, counts, stats, overflow, b, measure, 
 
 @functools.lru_cache(maxsize=32)
 def _gibbs_program(mesh: Mesh, layout: Layout, capacity: int, num_sweeps: int):
-    axis = _mesh_axis(mesh)
+    axis = mesh_axis(mesh)
 
     def run(key, Xl, valid_l, labels, measure, family, u):
         shard = lax.axis_index(axis)

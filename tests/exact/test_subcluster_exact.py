@@ -232,7 +232,7 @@ def test_moves_match_their_metropolis_hastings_ratios(measure):
             # block by block with the right ratio and the iteration's own uniforms
             proposal = _inverse_cdf(ll[b] + state.log_weights[b], noise[b, :, 0])
             block = np.minimum((noise[b, :, T + 3] * B).astype(int), B - 1)
-            rng = subcluster._IterationRandomness(jax.random.split(keys[b])[1], family,
+            rng = subcluster.IterationRandomness(jax.random.split(keys[b])[1], family,
                                                   family.empty_stats(C, X.shape[1], X.dtype), C, T,
                                                   X.dtype)
             log_u = np.log(np.asarray(rng.blocks))

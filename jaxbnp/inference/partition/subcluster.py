@@ -39,8 +39,9 @@ Every per-point quantity comes from per-point uniforms (:func:`point_noise`) and
 every per-cluster quantity from sums over points, so the same function runs on
 one device and inside ``jax.shard_map`` with ``lax.psum`` over the points'
 axis (``axis_name``): the same chain for the same key
-(:func:`sharded_iteration`; ``SubClusterMCMC(model, mesh=...)``). :func:`fit_subcluster_chunked`
-runs the same passes chunk by chunk over data kept in host memory.
+(:func:`sharded_iteration`; ``SubClusterMCMC(model, mesh=...)``).
+:func:`jaxbnp.inference.streamed.fit_subcluster_chunked` runs the same passes (this module's
+building blocks) chunk by chunk over data kept in host memory.
 
 Example
 -------
@@ -59,21 +60,18 @@ set()
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.scipy.special import gammaln
 
 from ..._random import (
     cut, log_dirichlet_from_uniform, loggamma_uniforms, sizes, typed_key, uniform, uniform_rows,
 )
-from ..._pytree import tree_add
-from ..._validation import check_data, check_host_array, check_int, check_real
-from .clusters import CapacityError, ClusterState, PartitionState, compact_labels, log_joint_of_sums
+from ..._validation import check_int, check_real
+from .clusters import ClusterState, PartitionState
 from . import moves
 from .moves import MHInfo, Move
 
@@ -87,8 +85,6 @@ __all__ = [
     "sharded_iteration",
     "subcluster_move",
     "check_measure",
-    "fit_subcluster_chunked",
-    "ChunkedSubClusterResult",
 ]
 
 
@@ -209,7 +205,7 @@ def _psum(x, axis_name):
     return x if axis_name is None else lax.psum(x, axis_name)
 
 
-def _segment_stats(point_stats, ids, num, axis_name):
+def segment_stats(point_stats, ids, num, axis_name):
     """Counts and family statistics (``point_stats``: one pytree row per point) summed by
     ``ids``; out-of-range ids are left out."""
     ones = jnp.ones(ids.shape, jnp.int32)
@@ -219,7 +215,7 @@ def _segment_stats(point_stats, ids, num, axis_name):
 
 
 @jax.tree_util.register_pytree_node_class
-class _IterationRandomness:
+class IterationRandomness:
     """Every per-cluster random number of one iteration, from one uniform draw (on a CPU each
     ``jax.random`` call costs a loop of small operations, whatever its size): the label
     blocks' uniforms (``blocks``), the pairs' orientation and acceptance uniforms, the label
@@ -282,7 +278,7 @@ class _IterationRandomness:
 # An iteration alternates passes over the points (functions of a block of points and of
 # per-cluster values: they return per-point outputs and sums over the block's points) with
 # per-cluster steps (functions of those sums). :func:`iteration` runs every pass over all
-# (or one shard's) points; ``jaxbnp.inference.distributed.fit_subcluster_chunked`` runs
+# (or one shard's) points; ``jaxbnp.inference.streamed.fit_subcluster_chunked`` runs
 # each pass chunk by chunk and adds the chunks' sums: the same numbers.
 
 
@@ -304,14 +300,14 @@ class _PointPairs(NamedTuple):
     cols: jax.Array
 
 
-def _pairing(rng, C: int) -> _Pairs:
+def pairing(rng, C: int) -> _Pairs:
     P = C // 2
     perm = jax.random.permutation(rng.k_match, C).astype(jnp.int32)  # int64 under x64
     pair = jnp.full((C,), -1, jnp.int32).at[perm[:2 * P]].set(jnp.arange(2 * P, dtype=jnp.int32) // 2)
     return _Pairs(perm[0:2 * P:2], perm[1:2 * P:2], pair)
 
 
-def _point_pairs(labels, valid, pairs: _Pairs) -> _PointPairs:
+def point_pairs(labels, valid, pairs: _Pairs) -> _PointPairs:
     P = pairs.a_slot.shape[0]
     pid = pairs.pair[labels]
     in_pair = valid & (pid >= 0)
@@ -319,7 +315,7 @@ def _point_pairs(labels, valid, pairs: _Pairs) -> _PointPairs:
     return _PointPairs(pid, in_pair, jnp.where(in_pair, pid, P), jnp.stack([2 * pid, 2 * pid + 1], -1))
 
 
-def _label_draws(rng, measure, family, counts, stats, dtype):
+def label_draws(rng, measure, family, counts, stats, dtype):
     """The label step's Dirichlet shape ``a``, weights and parameters of every slot."""
     C = counts.shape[0]
     a = _dirichlet_shape(measure, C, dtype)
@@ -328,7 +324,7 @@ def _label_draws(rng, measure, family, counts, stats, dtype):
     return a, log_w, params
 
 
-def _propose_labels(X, noise, valid, labels, log_w, params, family, T: int):
+def propose_labels(X, noise, valid, labels, log_w, params, family, T: int):
     """Pass: every point's proposed label, its block, and each block's change of counts
     ``(LABEL_BLOCKS, C)`` (a sum over points)."""
     B, C = LABEL_BLOCKS, log_w.shape[0]
@@ -343,7 +339,7 @@ def _propose_labels(X, noise, valid, labels, log_w, params, family, T: int):
     return proposal, block, delta.reshape(B, C)
 
 
-def _accept_blocks(rng, measure, counts, a, delta):
+def accept_blocks(rng, measure, counts, a, delta):
     """The label blocks' Metropolis-Hastings decisions in turn: ``(counts, block_ok)``."""
 
     def block_step(carry, inp):
@@ -359,36 +355,36 @@ def _accept_blocks(rng, measure, counts, a, delta):
     return counts, block_ok
 
 
-def _anchor_range(noise, pp: _PointPairs, P: int):
+def anchor_range(noise, pp: _PointPairs, P: int):
     """Pass: the smallest and largest anchor uniform of each pair's points."""
     lo = jax.ops.segment_min(jnp.where(pp.in_pair, noise[:, 1], 2.0), pp.seg, num_segments=P)
     hi = jax.ops.segment_max(jnp.where(pp.in_pair, noise[:, 1], -1.0), pp.seg, num_segments=P)
     return lo, hi
 
 
-def _anchors(noise, pp: _PointPairs, lo, hi):
+def anchors(noise, pp: _PointPairs, lo, hi):
     """Each point's anchor role: 0 or 1 for its pair's two anchors, -1 otherwise. The launch
     starts from the points of smallest and largest uniform (a law of the union only)."""
     u = noise[:, 1]
     return jnp.where(pp.in_pair & (u == lo[pp.pid]), 0, jnp.where(pp.in_pair & (u == hi[pp.pid]), 1, -1))
 
 
-def _anchor_sub_ids(anchor, pp: _PointPairs, C: int):
+def anchor_sub_ids(anchor, pp: _PointPairs, C: int):
     return jnp.where(anchor >= 0, 2 * pp.pid + anchor, C)
 
 
-def _first_sub_labels(X, anchor, pp: _PointPairs, anchor_params, family):
+def first_sub_labels(X, anchor, pp: _PointPairs, anchor_params, family):
     """Each point goes to the sub-cluster whose parameters, drawn given its anchor alone,
     explain it better."""
     ll0 = family.log_likelihood_at(X, anchor_params, pp.cols)
     return jnp.where(anchor >= 0, anchor, jnp.argmax(ll0, axis=-1)).astype(jnp.int32)
 
 
-def _sub_ids(h, pp: _PointPairs, C: int):
+def sub_ids(h, pp: _PointPairs, C: int):
     return jnp.where(pp.in_pair, 2 * pp.pid + h, C)
 
 
-def _launch_draw(rng, t, family, sub_counts, sub_stats, dtype):
+def launch_draw(rng, t, family, sub_counts, sub_stats, dtype):
     """Launch step ``t``'s sub-cluster weights (``Dir(n_0 + 1, n_1 + 1)`` per pair) and
     parameters given the sub-cluster sums."""
     C = sub_counts.shape[0]
@@ -399,25 +395,25 @@ def _launch_draw(rng, t, family, sub_counts, sub_stats, dtype):
     return sub_lw, family.sample_params_from_uniform(u_sp, sub_stats, k_sp)
 
 
-def _sub_logit(X, pp: _PointPairs, sub_lw, sub_params, family):
+def sub_logit(X, pp: _PointPairs, sub_lw, sub_params, family):
     """Every point's log-odds of its second sub-cluster against its first."""
     ll = family.log_likelihood_at(X, sub_params, pp.cols) + sub_lw[pp.cols]
     return ll[:, 1] - ll[:, 0]
 
 
-def _draw(logit, u):
+def draw(logit, u):
     """Sub-label 1 with probability ``sigmoid(logit)``."""
     return (u < jax.nn.sigmoid(logit)).astype(jnp.int32)
 
 
-def _split_proposal(logit, noise, labels, pp: _PointPairs, split_pair, a_slot, sharpness, T: int):
+def split_proposal(logit, noise, labels, pp: _PointPairs, split_pair, a_slot, sharpness, T: int):
     """Pass: the split proposal (the launch's probabilities to the power ``sharpness``,
     renormalised) drawn for every point (``zbar``), each point's side of its pair's
     proposal (the drawn sub-label for a split, its slot for a merge), and per pair the
     log-probabilities of the proposal's two sub-label vectors (sums over points)."""
     P = a_slot.shape[0]
     logit = sharpness * logit
-    zbar = _draw(logit, noise[:, T + 2])
+    zbar = draw(logit, noise[:, T + 2])
     lp = jnp.stack([-jax.nn.softplus(logit), -jax.nn.softplus(-logit)], axis=-1)
     side = jnp.where(split_pair[pp.pid], zbar, (labels != a_slot[pp.pid]).astype(jnp.int32))
     lp_side = jnp.take_along_axis(lp, side[:, None], axis=-1)[:, 0]
@@ -427,7 +423,7 @@ def _split_proposal(logit, noise, labels, pp: _PointPairs, split_pair, a_slot, s
     return zbar, side, t1, t2
 
 
-def _decide_pairs(rng, measure, family, counts, pairs: _Pairs, split_pair, merge_pair, t1, t2,
+def decide_pairs(rng, measure, family, counts, pairs: _Pairs, split_pair, merge_pair, t1, t2,
                   part_counts, part_stats, dtype):
     """The pairs' split and merge decisions in turn (§7): per pair whether it was accepted
     and proposed, ``min(0, log r)``, and the slots its parts go to."""
@@ -467,7 +463,7 @@ def _decide_pairs(rng, measure, family, counts, pairs: _Pairs, split_pair, merge
     return out
 
 
-def _moved_labels(labels, side, pp: _PointPairs, acc_split, acc_merge, l_slot, r_slot):
+def moved_labels(labels, side, pp: _PointPairs, acc_split, acc_merge, l_slot, r_slot):
     """Pass: the labels after the accepted splits and merges."""
     i = pp.pid
     new_slot = jnp.where(acc_split[i], jnp.where(side == 0, l_slot[i], r_slot[i]),
@@ -475,7 +471,7 @@ def _moved_labels(labels, side, pp: _PointPairs, acc_split, acc_merge, l_slot, r
     return jnp.where(pp.in_pair, new_slot, labels)
 
 
-def _split_kinds(counts, pairs: _Pairs):
+def split_kinds(counts, pairs: _Pairs):
     active = counts > 0
     act_a, act_b = active[pairs.a_slot], active[pairs.b_slot]
     return act_a != act_b, act_a & act_b
@@ -521,33 +517,33 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         return _psum(x, axis_name)
 
     ps = family.point_stats(X)
-    counts, stats = _segment_stats(ps, masked(labels), C, axis_name) if totals is None else totals
-    rng = _IterationRandomness(key, family, stats, C, T, dtype)
+    counts, stats = segment_stats(ps, masked(labels), C, axis_name) if totals is None else totals
+    rng = IterationRandomness(key, family, stats, C, T, dtype)
 
     # 1. labels: weights over every slot, parameters, then every label at once (§7): the
     #    blocked Gibbs step of a C-slot symmetric Dirichlet mixture, corrected to the
     #    measure's partition law by Metropolis-Hastings (clusters may empty or open)
-    a, log_w, params = _label_draws(rng, measure, family, counts, stats, dtype)
-    proposal, block, delta = _propose_labels(X, noise, valid, labels, log_w, params, family, T)
-    counts, block_ok = _accept_blocks(rng, measure, counts, a, psum(delta))
+    a, log_w, params = label_draws(rng, measure, family, counts, stats, dtype)
+    proposal, block, delta = propose_labels(X, noise, valid, labels, log_w, params, family, T)
+    counts, block_ok = accept_blocks(rng, measure, counts, a, psum(delta))
     labels = jnp.where(block_ok[block], proposal, labels)
     labels_ok = jnp.mean(block_ok.astype(dtype))
 
     # 2. split/merge: a random matching of the slots, one launch per pair
-    pairs = _pairing(rng, C)
-    pp = _point_pairs(labels, valid, pairs)
-    lo, hi = _anchor_range(noise, pp, P)
+    pairs = pairing(rng, C)
+    pp = point_pairs(labels, valid, pairs)
+    lo, hi = anchor_range(noise, pp, P)
     if axis_name is not None:
         lo, hi = lax.pmin(lo, axis_name), lax.pmax(hi, axis_name)
-    anchor = _anchors(noise, pp, lo, hi)
-    _, anchor_stats = _segment_stats(ps, _anchor_sub_ids(anchor, pp, C), C, axis_name)
+    anchor = anchors(noise, pp, lo, hi)
+    _, anchor_stats = segment_stats(ps, anchor_sub_ids(anchor, pp, C), C, axis_name)
     anchor_params = family.sample_params_from_uniform(rng.anchor, anchor_stats, rng.k_anchor)
-    h = _first_sub_labels(X, anchor, pp, anchor_params, family)
+    h = first_sub_labels(X, anchor, pp, anchor_params, family)
 
     def launch(t, h):
-        sub_counts, sub_stats = _segment_stats(ps, _sub_ids(h, pp, C), C, axis_name)
-        sub_lw, sub_params = _launch_draw(rng, t, family, sub_counts, sub_stats, dtype)
-        return sub_lw, sub_params, _sub_logit(X, pp, sub_lw, sub_params, family)
+        sub_counts, sub_stats = segment_stats(ps, sub_ids(h, pp, C), C, axis_name)
+        sub_lw, sub_params = launch_draw(rng, t, family, sub_counts, sub_stats, dtype)
+        return sub_lw, sub_params, sub_logit(X, pp, sub_lw, sub_params, family)
 
     # launch steps 0 .. T in one loop (one compiled copy of the launch): step t < T draws
     # the sub-labels from column 2 + t; the last step's draw is discarded
@@ -555,20 +551,20 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
         h, _ = carry
         out = launch(t, h)
         u = lax.dynamic_index_in_dim(noise, 2 + t, axis=1, keepdims=False)
-        return jnp.where(t < T, _draw(out[2], u), h), out
+        return jnp.where(t < T, draw(out[2], u), h), out
 
     first = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(launch, 0, h))
     h, (sub_lw, sub_params, logit) = lax.fori_loop(0, T + 1, sweep, (h, first))
-    split_pair, merge_pair = _split_kinds(counts, pairs)
-    zbar, side, t1, t2 = _split_proposal(logit, noise, labels, pp, split_pair, pairs.a_slot,
+    split_pair, merge_pair = split_kinds(counts, pairs)
+    zbar, side, t1, t2 = split_proposal(logit, noise, labels, pp, split_pair, pairs.a_slot,
                                          sharpness, T)
-    part_counts, part_stats = _segment_stats(ps, jnp.where(pp.in_pair, 2 * pp.pid + side, C), 2 * P,
+    part_counts, part_stats = segment_stats(ps, jnp.where(pp.in_pair, 2 * pp.pid + side, C), 2 * P,
                                              axis_name)
-    acc, proposed, log_acc, l_slot, r_slot = _decide_pairs(
+    acc, proposed, log_acc, l_slot, r_slot = decide_pairs(
         rng, measure, family, counts, pairs, split_pair, merge_pair, *psum((t1, t2)), part_counts,
         part_stats, dtype)
-    labels = _moved_labels(labels, side, pp, acc & split_pair, acc & merge_pair, l_slot, r_slot)
-    counts, stats = _segment_stats(ps, masked(labels), C, axis_name)
+    labels = moved_labels(labels, side, pp, acc & split_pair, acc & merge_pair, l_slot, r_slot)
+    counts, stats = segment_stats(ps, masked(labels), C, axis_name)
 
     info = _info(acc, proposed, log_acc, split_pair, merge_pair, labels_ok)
     state = SubClusterState(log_w, params, zbar, sub_lw, sub_params, pairs.pair)
@@ -677,295 +673,3 @@ def algorithm(X, measure, family, capacity: int | None = None, num_launch_sweeps
     check_measure(measure, "subcluster.algorithm")
     return moves.algorithm(subcluster_move(num_launch_sweeps, mesh, sharpness), X, measure, family,
                            capacity)
-
-
-# ----------------------------------------------------------------------------- streamed from host memory
-class ChunkedSubClusterResult(NamedTuple):
-    """Result of :func:`fit_subcluster_chunked`.
-
-    labels: ``(n,)`` host int32 cluster of each point after the last iteration, numbered
-        in order of first appearance (like the kernels' ``z``).
-    counts: ``(K,)`` points per cluster, in the same order.
-    num_clusters, log_joint, num_splits, num_merges: ``(num_iterations,)`` traces: the
-        number of clusters, ``log p(X, Π)`` (docs/mathematics.md §2), accepted splits and
-        merges after each iteration.
-    capacity: the cluster slots the chain ran with.
-    """
-
-    labels: np.ndarray
-    counts: np.ndarray
-    num_clusters: np.ndarray
-    log_joint: np.ndarray
-    num_splits: np.ndarray
-    num_merges: np.ndarray
-    capacity: int
-
-
-# The compiled steps of the streamed chain. Per-cluster steps take the iteration's
-# randomness, drawn once (``_sc_randomness``). Passes take one chunk's rows (``Xc`` where
-# they need the data, ``valid``, ``labels_c``, the chunk's first row ``start``) and the
-# iteration's noise key, and redraw their rows' uniforms (cheaper than keeping ``T + 4``
-# floats per point on the device).
-
-
-def _dtype(stats):
-    return jax.tree.leaves(stats)[0].dtype
-
-
-def _sums(Xc, ids, num, family):
-    return _segment_stats(family.point_stats(Xc), ids, num, None)
-
-
-@functools.partial(jax.jit, static_argnames=("capacity", "T"))
-def _sc_randomness(k_iter, stats, family, capacity, T):
-    return _IterationRandomness(k_iter, family, stats, capacity, T, _dtype(stats))
-
-
-@jax.jit
-def _sc_label_draws(rng, counts, stats, measure, family):
-    return _label_draws(rng, measure, family, counts, stats, _dtype(stats))
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_propose(Xc, valid, labels_c, start, k_noise, log_w, params, family, T):
-    """Pass: the proposed labels and blocks (kept on the device until the blocks are
-    decided) and the blocks' changes of counts."""
-    noise = point_noise(k_noise, Xc.shape[0], T, Xc.dtype, start=start)
-    return _propose_labels(Xc, noise, valid, labels_c, log_w, params, family, T)
-
-
-@jax.jit
-def _sc_accept(rng, counts, a, delta, measure):
-    """The blocks' decisions, the pairing, and which pairs propose a split or a merge."""
-    counts, block_ok = _accept_blocks(rng, measure, counts, a, delta)
-    pairs = _pairing(rng, counts.shape[0])
-    return (counts, block_ok, pairs) + _split_kinds(counts, pairs)
-
-
-@functools.partial(jax.jit, static_argnames=("T", "dtype"))
-def _sc_apply_labels(valid, labels_c, start, proposal, block, k_noise, block_ok, pairs, T, dtype):
-    """Pass (no data read): the accepted blocks' labels, and the chunk's anchor range per pair."""
-    labels_c = jnp.where(block_ok[block], proposal, labels_c)
-    noise = point_noise(k_noise, labels_c.shape[0], T, dtype, start=start)
-    pp = _point_pairs(labels_c, valid, pairs)
-    return (labels_c,) + _anchor_range(noise, pp, pairs.a_slot.shape[0])
-
-
-def _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T):
-    noise = point_noise(k_noise, Xc.shape[0], T, Xc.dtype, start=start)
-    pp = _point_pairs(labels_c, valid, pairs)
-    return pp, _anchors(noise, pp, lo, hi)
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_anchor_stats(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, family, T):
-    pp, anchor = _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T)
-    C = pairs.pair.shape[0]
-    return _sums(Xc, _anchor_sub_ids(anchor, pp, C), C, family)[1]
-
-
-@jax.jit
-def _sc_anchor_params(rng, anchor_stats, family):
-    return family.sample_params_from_uniform(rng.anchor, anchor_stats, rng.k_anchor)
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_first_sub_stats(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, anchor_params, family, T):
-    """Pass: sums of the launch's first sub-labels (from the anchors)."""
-    pp, anchor = _anchor_roles(Xc, valid, labels_c, start, k_noise, pairs, lo, hi, T)
-    h = _first_sub_labels(Xc, anchor, pp, anchor_params, family)
-    C = pairs.pair.shape[0]
-    return _sums(Xc, _sub_ids(h, pp, C), C, family)
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_sub_stats(Xc, valid, labels_c, start, k_noise, pairs, t, sub_lw, sub_params, family, T):
-    """Pass: sums of the sub-labels of launch sweep ``t`` (drawn from step ``t - 1``'s parameters)."""
-    noise = point_noise(k_noise, Xc.shape[0], T, Xc.dtype, start=start)
-    pp = _point_pairs(labels_c, valid, pairs)
-    u = lax.dynamic_index_in_dim(noise, 1 + t, axis=1, keepdims=False)
-    h = _draw(_sub_logit(Xc, pp, sub_lw, sub_params, family), u)
-    C = pairs.pair.shape[0]
-    return _sums(Xc, _sub_ids(h, pp, C), C, family)
-
-
-@jax.jit
-def _sc_launch(rng, t, sub_counts, sub_stats, family):
-    return _launch_draw(rng, t, family, sub_counts, sub_stats, _dtype(sub_stats))
-
-
-@functools.partial(jax.jit, static_argnames=("T",))
-def _sc_split_sums(Xc, valid, labels_c, start, k_noise, pairs, split_pair, sub_lw, sub_params,
-                   sharpness, family, T):
-    """Pass: each point's side of its pair's proposal (kept on the device until the pairs are
-    decided), the proposal's log-probability sums and the parts' statistics."""
-    noise = point_noise(k_noise, Xc.shape[0], T, Xc.dtype, start=start)
-    pp = _point_pairs(labels_c, valid, pairs)
-    logit = _sub_logit(Xc, pp, sub_lw, sub_params, family)
-    _, side, t1, t2 = _split_proposal(logit, noise, labels_c, pp, split_pair, pairs.a_slot,
-                                      sharpness, T)
-    C, P = pairs.pair.shape[0], pairs.a_slot.shape[0]
-    return side, t1, t2, _sums(Xc, jnp.where(pp.in_pair, 2 * pp.pid + side, C), 2 * P, family)
-
-
-@jax.jit
-def _sc_decide(rng, counts, pairs, split_pair, merge_pair, t1, t2, part_counts, part_stats,
-               measure, family):
-    return _decide_pairs(rng, measure, family, counts, pairs, split_pair, merge_pair, t1, t2,
-                         part_counts, part_stats, _dtype(part_stats))
-
-
-@jax.jit
-def _sc_move(Xc, valid, labels_c, start, side, pairs, acc_split, acc_merge, l_slot, r_slot, family):
-    """Pass: the labels after the accepted moves and their statistics (``start`` unused: the
-    moves draw nothing)."""
-    pp = _point_pairs(labels_c, valid, pairs)
-    labels_c = _moved_labels(labels_c, side, pp, acc_split, acc_merge, l_slot, r_slot)
-    C = pairs.pair.shape[0]
-    return (labels_c,) + _sums(Xc, jnp.where(valid, labels_c, C), C, family)
-
-
-@functools.partial(jax.jit, static_argnames=("capacity",))
-def _sc_stats(Xc, valid, labels_c, family, capacity):
-    return _sums(Xc, jnp.where(valid, labels_c, capacity), capacity, family)
-
-
-def fit_subcluster_chunked(
-    X: Any,
-    measure,
-    family,
-    num_iterations: int,
-    *,
-    key: jax.Array,
-    capacity: int = 64,
-    chunk_size: int = 1 << 20,
-    num_launch_sweeps: int = 3,
-    sharpness: float = DEFAULT_SHARPNESS,
-    init_labels: Any = None,
-    device: jax.Device | None = None,
-) -> ChunkedSubClusterResult:
-    """The sub-cluster split/merge chain (``SubClusterMCMC``, docs/mathematics.md §7) on data
-    kept in host memory, streamed through the device chunk by chunk.
-
-    ``X``: ``(n, D)`` NumPy array or ``np.memmap`` (never copied whole to the device).
-    Every sum over points that an iteration needs is summed chunk by chunk (the data are
-    read ``num_launch_sweeps + 5`` times per iteration) and every per-point draw comes from
-    the same per-point uniforms (:func:`point_noise`), so for the same ``key`` this is the
-    chain of :func:`step` iterated ``num_iterations`` times with keys
-    ``jax.random.split(key, num_iterations)``, up to the summation order of the statistics
-    (float rounding). Device memory holds one chunk and its per-point work; the labels
-    (``4 n`` bytes) stay on the device, and within an iteration the proposed labels and
-    label blocks, then each point's side of its pair's proposal (``8 n`` bytes at most).
-
-    The points are cut into ``ceil(n / chunk_size)`` chunks of equal size (the last one
-    padded by a few masked rows), so every pass is one compiled program. Starts from one
-    cluster, or from ``init_labels`` (``n`` integers in ``[0, capacity)``). DP and PitmanYor
-    only. Every chunk is validated (finite, numeric, the family's constraints) in a first
-    pass before any iteration. Raises ``CapacityError`` as soon as every slot is in use (the
-    chain could not split any more): pass a larger ``capacity``.
-    """
-    X = check_host_array(X)
-    check_measure(measure, owner="fit_subcluster_chunked")
-    C = check_int("capacity", capacity, 1)
-    chunk_size = check_int("chunk_size", chunk_size, 1)
-    num_iterations = check_int("num_iterations", num_iterations, 1)
-    if C < 2:
-        raise ValueError(f"capacity must be >= 2 (a split needs two slots), got {C}.")
-    T = check_int("num_launch_sweeps", num_launch_sweeps, 0)
-    sharpness = check_real("sharpness", sharpness, 0.0)
-    if sharpness == 0.0:
-        raise ValueError("sharpness must be > 0 (0 would propose every split alike), got 0.")
-    n = int(X.shape[0])
-    num_chunks = -(-n // chunk_size)
-    chunk_size = -(-n // num_chunks)  # equal chunks: the last one pads at most num_chunks - 1 rows
-    bounds = [(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
-    dtype = jnp.result_type(float)
-    device = device or jax.devices()[0]
-    if init_labels is None:
-        host_labels = np.zeros(n, np.int32)
-    else:
-        host_labels = np.asarray(init_labels)
-        if (host_labels.shape != (n,) or not np.issubdtype(host_labels.dtype, np.integer)
-                or host_labels.min() < 0 or host_labels.max() >= C):
-            raise ValueError(
-                f"init_labels must be {n} integers in [0, {C}), got shape {host_labels.shape}, "
-                f"dtype {host_labels.dtype}.")
-
-    def put(a):
-        return jax.device_put(a, device)
-
-    def padded(a, size):
-        pad = size - a.shape[0]
-        return a if pad == 0 else np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1), mode="edge")
-
-    def load(s, e, validate=False):
-        chunk = np.asarray(X[s:e])
-        if validate:
-            chunk = check_data(chunk, name=f"X[{s}:{e}]", family=family)
-        return put(padded(np.asarray(chunk, dtype=dtype), chunk_size))
-
-    valid = [put(np.arange(s, s + chunk_size) < e) for s, e in bounds]
-    starts = [put(np.int32(s)) for s, _ in bounds]
-    labels = [put(padded(host_labels[s:e].astype(np.int32), chunk_size)) for s, e in bounds]
-
-    def total(parts):
-        return functools.reduce(tree_add, parts)
-
-    def each(fn, *args, per_chunk=()):
-        """``fn(X_chunk, valid, labels, start, *chunk's entries of per_chunk, *args)`` over
-        the chunks: one read of the data."""
-        return [fn(load(s, e), valid[i], labels[i], starts[i], *(p[i] for p in per_chunk), *args)
-                for i, (s, e) in enumerate(bounds)]
-
-    counts, stats = total([_sc_stats(load(s, e, validate=True), valid[i], labels[i], family, C)
-                           for i, (s, e) in enumerate(bounds)])
-    keys = jax.random.split(key, num_iterations)
-    trace = {f: [] for f in ("num_clusters", "log_joint", "num_splits", "num_merges")}
-    for it in range(num_iterations):
-        k_noise, k_iter = jax.random.split(keys[it])
-        rng = _sc_randomness(k_iter, stats, family, C, T)
-        # 1. labels
-        a, log_w, params = _sc_label_draws(rng, counts, stats, measure, family)
-        proposal, block, delta = zip(*each(_sc_propose, k_noise, log_w, params, family, T))
-        counts_l, block_ok, pairs, split_pair, merge_pair = _sc_accept(rng, counts, a,
-                                                                       total(delta), measure)
-        applied = [_sc_apply_labels(valid[i], labels[i], starts[i], proposal[i], block[i],
-                                    k_noise, block_ok, pairs, T, dtype)
-                   for i in range(len(bounds))]
-        labels = [out[0] for out in applied]
-        lo = functools.reduce(jnp.minimum, [out[1] for out in applied])
-        hi = functools.reduce(jnp.maximum, [out[2] for out in applied])
-        # 2. the launch: anchors, then num_launch_sweeps restricted Gibbs sweeps
-        anchor_stats = total(each(_sc_anchor_stats, k_noise, pairs, lo, hi, family, T))
-        anchor_params = _sc_anchor_params(rng, anchor_stats, family)
-        sub = total(each(_sc_first_sub_stats, k_noise, pairs, lo, hi, anchor_params, family, T))
-        sub_lw, sub_params = _sc_launch(rng, 0, *sub, family)
-        for t in range(1, T + 1):
-            sub = total(each(_sc_sub_stats, k_noise, pairs, t, sub_lw, sub_params, family, T))
-            sub_lw, sub_params = _sc_launch(rng, t, *sub, family)
-        # 3. split and merge proposals, decided pair by pair
-        side, t1, t2, parts = zip(*each(_sc_split_sums, k_noise, pairs, split_pair, sub_lw,
-                                        sub_params, sharpness, family, T))
-        acc, _, _, l_slot, r_slot = _sc_decide(rng, counts_l, pairs, split_pair, merge_pair,
-                                               total(t1), total(t2), *total(parts), measure,
-                                               family)
-        acc_split, acc_merge = acc & split_pair, acc & merge_pair
-        moved = each(_sc_move, pairs, acc_split, acc_merge, l_slot, r_slot, family,
-                     per_chunk=(side,))
-        labels = [out[0] for out in moved]
-        counts, stats = total([out[1:] for out in moved])
-        num_clusters = int(jnp.sum(counts > 0))
-        trace["num_clusters"].append(num_clusters)
-        trace["log_joint"].append(float(log_joint_of_sums(counts, stats, measure, family)))
-        trace["num_splits"].append(int(jnp.sum(acc_split)))
-        trace["num_merges"].append(int(jnp.sum(acc_merge)))
-        if num_clusters >= C and C < n:
-            raise CapacityError(
-                f"jaxbnp: all {C} cluster slots are in use after iteration {it + 1}, so the chain "
-                f"could not split any more; pass a larger capacity (e.g. {2 * C}).")
-    canonical = compact_labels(
-        np.concatenate([np.asarray(lab)[:e - s] for lab, (s, e) in zip(labels, bounds)]))
-    return ChunkedSubClusterResult(
-        canonical, np.bincount(canonical).astype(np.int64),
-        *(np.asarray(trace[f]) for f in ("num_clusters", "log_joint", "num_splits", "num_merges")),
-        C)
