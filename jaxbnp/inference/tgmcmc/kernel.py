@@ -8,8 +8,8 @@ NGGP, a slice update of ``u`` (and optionally ``alpha``/``sigma``).
 By default (``trees="device"``) the global moves run compiled in JAX on array
 trees (:mod:`jaxbnp.inference.tgmcmc.device`: the same moves and probabilities,
 no callback). With ``trees="host"`` they run on the host: the IBHC trees live in NumPy
-(:mod:`jaxbnp.inference.tgmcmc.ibhc`, :mod:`jaxbnp.inference.tgmcmc.host`), one store per
-chain keyed by a chain id, and
+(:mod:`jaxbnp.inference.tgmcmc.ibhc`, :mod:`jaxbnp.inference.tgmcmc.host`), one host per
+chain (keyed by its chain id) in a ``HostTrees`` store that the kernel owns, and
 one ``jax.experimental.io_callback`` per iteration runs all
 ``num_global_moves`` moves of that chain. Their likelihood terms are
 evaluated in vectorised NumPy float64 (``TreeModel``: the families' and
@@ -20,6 +20,8 @@ deadlock: seen on the 10k benchmark when the leaves were evaluated in JAX).
 A move is rejected early when a cheap upper bound of its ``log r`` is below
 the uniform draw (``host.TreeGuidedHost.global_move``; same chain). The local
 moves, the ``u`` update and the log joint run in jitted JAX on the device.
+The ``"ibhc"`` and ``"noisy"`` starts are built on the host before the program
+(:meth:`TreeGuidedMCMC.initial_params`), so with device trees the programs hold no callback.
 
 Exactness: the trees are a function of the partition
 --------------------------------------------------------
@@ -85,7 +87,7 @@ from ..._validation import check_int
 from ...errors import CapacityError
 from ...models.measures import DP, NGGP
 from ..partition import moves
-from ..partition.clusters import PartitionState, canonical_labels, clusters_from_labels
+from ..partition.clusters import PartitionState, canonical_labels, clusters_from_labels, compact_labels
 from ..partition.kernels import PartitionKernel, chain_id
 from ..partition.moves import Context, MHInfo, Move
 from . import host as host_trees
@@ -328,7 +330,7 @@ class TreeGuidedMCMC(PartitionKernel):
             labels = host_trees.host_init_labels(
                 store, self._init, cid, np.asarray(jax.random.key_data(k_labels)), X, measure,
                 family, u)
-            rows.append(first_appearance(labels))
+            rows.append(compact_labels(labels))
         capacity = self.capacity_for(n)
         k = max(int(r.max()) + 1 for r in rows)
         if k > capacity:
@@ -347,7 +349,7 @@ class TreeGuidedMCMC(PartitionKernel):
         store = self._host_trees if self._trees == "host" else None
         method = self._init
         labels = io_callback(
-            lambda *a: first_appearance(host_trees.host_init_labels(store, method, *a)),
+            lambda *a: compact_labels(host_trees.host_init_labels(store, method, *a)),
             jax.ShapeDtypeStruct((n,), jnp.int32),
             chain_id, jax.random.key_data(key), X, measure, family, u,
             ordered=False,
@@ -357,12 +359,3 @@ class TreeGuidedMCMC(PartitionKernel):
 
 class _Traced(Exception):
     """The start cannot be built on the host now (traced key or data)."""
-
-
-def first_appearance(labels) -> np.ndarray:
-    """``labels`` renumbered ``0..K-1`` in order of first appearance (host; what
-    ``canonical_labels`` does in a program), int32."""
-    labels = np.asarray(labels).reshape(-1)
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    rank = np.argsort(np.argsort(first))
-    return rank[inverse].astype(np.int32)
