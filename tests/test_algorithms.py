@@ -152,3 +152,26 @@ def test_the_runner_and_numpyro_drive_a_pure_core():
                 np.testing.assert_array_equal(by_numpyro[c, t - warmup], labels)
                 assert result.samples["accepted"][c, t - warmup] == int(info.mh.num_accepted)
     assert len({r.tobytes() for r in result.samples["labels"].reshape(-1, X.shape[0])}) > 1  # it moves
+
+
+def test_the_sharded_gibbs_sweep_has_the_one_shape():
+    """``sharded.algorithm``: the data-parallel sweep over the suite's 4 host devices in the
+    one shape; its step is the sweep of ``sharded.gibbs(key, ..., num_sweeps=1)`` (labels,
+    counts and the log joint), and the state keeps its structure."""
+    from jaxbnp.inference import sharded
+
+    X2 = jnp.asarray(np.r_[np.linspace(-2.3, -1.7, 6), np.linspace(1.7, 2.3, 6)][:, None])
+    start = np.r_[np.zeros(6), np.ones(6)].astype(np.int32)
+    start[[0, 7]] = [1, 0]  # two points in the wrong cluster
+    alg = sharded.algorithm(X2, bnp.DP(1.0), NG, capacity=6, block_size=4)
+    assert isinstance(alg, SamplingAlgorithm)
+    state = alg.init(jax.random.key(0), start)
+    for seed in (3, 4):
+        key = jax.random.key(seed)
+        new, info = alg.step(key, state)
+        _same_structure(state, new)
+        ref = sharded.gibbs(key, X2, bnp.DP(1.0), NG, 6, num_sweeps=1, block_size=4, labels=start)
+        np.testing.assert_array_equal(sharded.labels_in_order(new, 12, 4), ref.clusters.labels)
+        np.testing.assert_array_equal(new.counts, ref.clusters.counts)
+        np.testing.assert_allclose(info.log_joint, ref.log_joint[0], rtol=1e-12)
+    assert not np.array_equal(sharded.labels_in_order(new, 12, 4), start)  # the sweep moved points

@@ -216,6 +216,7 @@ SAMPLER_MODULES = (
     "jaxbnp.inference.trees.mcmc",
     "jaxbnp.inference.trees.population",
     "jaxbnp.inference.bhmc.sweep",
+    "jaxbnp.inference.sharded",
 )
 
 

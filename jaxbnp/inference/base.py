@@ -16,7 +16,9 @@ shapes and dtypes, so chains are ``jax.vmap`` over both functions and a run is a
 * :func:`jaxbnp.inference.partition.subcluster.algorithm`: sub-cluster split/merge;
 * :func:`jaxbnp.inference.trees.mcmc.algorithm`: one diffusion-tree chain;
 * :func:`jaxbnp.inference.trees.population.algorithm`: population MCMC over trees;
-* :func:`jaxbnp.inference.bhmc.sweep.algorithm`: BHMC's Algorithm 2.
+* :func:`jaxbnp.inference.bhmc.sweep.algorithm`: BHMC's Algorithm 2;
+* :func:`jaxbnp.inference.sharded.algorithm`: the data-parallel collapsed-Gibbs sweep over a
+  device mesh (approximate with more than one device).
 
 The NumPyro kernels are thin wrappers for users of ``numpyro.infer.MCMC`` and
 ``numpyro.infer.Gibbs``: at each step they read the model's current values (data,

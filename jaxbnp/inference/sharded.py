@@ -86,6 +86,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._validation import check_data, check_int, check_labels
 from ..models.measures import Measure
+from .base import SamplingAlgorithm
 from .mesh import (
     AXIS_NAME, Layout, ShardedData, make_layout, make_mesh, mesh_axis, shard_data, shard_labels,
 )
@@ -109,6 +110,10 @@ __all__ = [
     "gibbs",
     "make_mapdp_sweep",
     "make_gibbs_sweeps",
+    "algorithm",
+    "ShardedGibbsState",
+    "ShardedGibbsInfo",
+    "labels_in_order",
 ]
 
 def _check_points(X: Any, family) -> Any:
@@ -401,6 +406,20 @@ def _gibbs_program(mesh: Mesh, layout: Layout, capacity: int, num_sweeps: int):
     return jax.jit(program)
 
 
+def _initial_labels(labels, n: int, capacity: int) -> np.ndarray:
+    """Host labels of a start (default: one cluster), relabelled in first-appearance order and
+    checked against the capacity."""
+    if labels is None:
+        return np.zeros(n, np.int32)
+    labels = compact_labels(check_labels(labels, n))
+    if labels.max() + 1 > capacity:
+        raise ValueError(
+            f"The initial partition has {labels.max() + 1} clusters but capacity is {capacity}; "
+            f"pass capacity >= {labels.max() + 1}."
+        )
+    return labels
+
+
 def gibbs(
     key: jax.Array,
     X: Any,
@@ -424,15 +443,7 @@ def gibbs(
     X, capacity, block_size, mesh = _check_inputs(X, family, capacity, block_size, mesh)
     num_sweeps = check_int("num_sweeps", num_sweeps, 1)
     n = X.shape[0]
-    if labels is None:
-        labels = np.zeros(n, np.int32)
-    else:
-        labels = compact_labels(check_labels(labels, n))
-        if labels.max() + 1 > capacity:
-            raise ValueError(
-                f"The initial partition has {labels.max() + 1} clusters but capacity is {capacity}; "
-                f"pass capacity >= {labels.max() + 1}."
-            )
+    labels = _initial_labels(labels, n, capacity)
     layout = make_layout(n, mesh.devices.size, block_size)
     data = shard_data(X, mesh, layout)
     lab = shard_labels(labels, mesh, layout)
@@ -442,3 +453,69 @@ def gibbs(
     _raise_overflow(overflow, capacity)
     labels_out = _take(labels_s, layout)
     return ShardedGibbsResult(ClusterState(labels_out, counts, stats, overflow), trace)
+
+
+class ShardedGibbsState(NamedTuple):
+    """State of :func:`algorithm`: the labels in the mesh's block-cyclic layout (``(padded n,)``,
+    sharded over the mesh; :func:`labels_in_order` gives them in input order), the global
+    ``counts`` and ``stats`` of the labels, and ``overflow`` (a sweep needed a slot while all
+    were used: the chain must be discarded)."""
+
+    labels: jax.Array
+    counts: jax.Array
+    stats: Any
+    overflow: jax.Array
+
+
+class ShardedGibbsInfo(NamedTuple):
+    """``log_joint``: ``log p(X, Π[, u])`` after the sweep."""
+
+    log_joint: jax.Array
+
+
+def algorithm(X: Any, measure: Measure, family, capacity: int, mesh: Mesh | None = None,
+              block_size: int = 4096, u: float = 1.0) -> SamplingAlgorithm:
+    """The data-parallel collapsed-Gibbs sweep in the one shape
+    (:class:`~jaxbnp.inference.base.SamplingAlgorithm`), approximate with more than one device
+    (module docstring):
+
+    * ``init(key, labels=None) -> ShardedGibbsState``: the start (default: one cluster) laid
+      out over the mesh; host side (the labels are placed shard by shard), ``key`` unused;
+    * ``step(key, state) -> (ShardedGibbsState, ShardedGibbsInfo)``: one sweep, the sweep of
+      ``gibbs(key, ..., num_sweeps=1)`` (its random numbers: ``fold_in(fold_in(fold_in(key, 0),
+      s), b)`` for shard ``s`` and block ``b``).
+
+    ``X`` is placed on the mesh once, here; ``u`` (NGGP) is held fixed.
+    """
+    X, capacity, block_size, mesh = _check_inputs(X, family, capacity, block_size, mesh)
+    n = X.shape[0]
+    layout = make_layout(n, mesh.devices.size, block_size)
+    data = shard_data(X, mesh, layout)
+    program = _gibbs_program(mesh, layout, capacity, 1)
+    axis = mesh_axis(mesh)
+    stats_of = jax.jit(jax.shard_map(
+        lambda Xl, valid_l, labels: _stats_of(Xl, valid_l, labels, family, capacity, axis),
+        mesh=mesh, in_specs=(P(axis), P(axis), P(axis)), out_specs=(P(), P()), check_vma=False))
+    u = jnp.asarray(u, data.X.dtype)
+
+    def init_fn(key, labels=None):
+        del key  # the start is given
+        lab = shard_labels(_initial_labels(labels, n, capacity), mesh, layout)
+        counts, stats = stats_of(data.X, data.valid, lab)
+        return ShardedGibbsState(lab, counts, stats, jnp.array(False))
+
+    def step_fn(key, state):
+        labels, counts, stats, overflow, trace = program(key, data.X, data.valid, state.labels,
+                                                         measure, family, u)
+        return ShardedGibbsState(labels, counts, stats, overflow | state.overflow), \
+            ShardedGibbsInfo(trace[0])
+
+    return SamplingAlgorithm(init_fn, step_fn)
+
+
+def labels_in_order(state: ShardedGibbsState, X_rows: int, block_size: int = 4096,
+                    mesh: Mesh | None = None) -> jax.Array:
+    """The labels of an :func:`algorithm` state in input order (``X_rows`` points; the same
+    ``mesh`` and ``block_size`` as the algorithm's)."""
+    mesh = make_mesh() if mesh is None else mesh
+    return _take(state.labels, make_layout(X_rows, mesh.devices.size, block_size))
