@@ -164,7 +164,16 @@ def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
 
     kernel_cls, options = PARTITION_KERNELS[args.method], KERNELS[args.method](args)
     capacity = args.capacity
+    # the prior and the family are constants of the model (as XLA rounds them, bit for bit)
+    model = functools.partial(mixture_model, measure=DP(args.alpha), family=family)
     init_params = None if args.resume else _initial_partition(args, X, family)
+    if args.method == "tgmcmc" and not args.resume:
+        # its IBHC or noisy start, built here on the host from the keys the run gives each
+        # chain (TreeGuidedMCMC.initial_params): inside the program it would take a host
+        # callback, which JAX's compilation cache cannot keep
+        key = jax.random.key(args.seed)
+        keys = jax.random.split(key, args.chains) if args.chains > 1 else key
+        init_params = kernel_cls(model, capacity=len(X), **options).initial_params(keys, None, (X,)) or None
     if init_params is not None:
         planned = (args.init_clusters if args.method in KMEANS_START
                    else int(np.max(init_params["z"])) + 1)
@@ -192,8 +201,6 @@ def _fit_mcmc(args, X, X_fit, fit_idx, family) -> Fit:
     write_settings(capacity)
     iterations = args.samples if args.resume else args.warmup + args.samples
     heartbeat = _heartbeat(args, f"{args.method}: compiling and sampling", iterations)
-    # the prior and the family are constants of the model (as XLA rounds them, bit for bit)
-    model = functools.partial(mixture_model, measure=DP(args.alpha), family=family)
     try:
         result = run(
             lambda capacity: kernel_cls(model, capacity=capacity, **options),
@@ -480,27 +487,13 @@ def _initial_partition(args, X: np.ndarray, family=None):
     """``init_params`` for gibbs/splitmerge/subcluster with ``--init kmeans``: each chain starts
     from its own k-means++ partition (``mapdp.kmeanspp_labels`` on standardised coordinates) into
     ``--init-clusters`` clusters (an over-segmentation that the
-    sampler merges; the start affects only the burn-in, not the chain's target). tgmcmc with
-    ``--tgmcmc-init ibhc``: IBHC's partition (:func:`_ibhc_start`). ``None`` otherwise (one
-    cluster for ``--init one``; tgmcmc's ``noisy`` start is drawn by the kernel)."""
-    if args.method == "tgmcmc" and args.tgmcmc_init == "ibhc":
-        # IBHC in row order, built here on the host: the kernel would build the same partition
-        # through a host callback inside the compiled program, which JAX's cache cannot keep
-        z = _ibhc_start(X, args.alpha, family)
-        return {"z": np.tile(z, (args.chains, 1)) if args.chains > 1 else z}
+    sampler merges; the start affects only the burn-in, not the chain's target). ``None``
+    otherwise (one cluster for ``--init one``; tgmcmc's IBHC or noisy start is the kernel's,
+    built before the run by :func:`_fit_mcmc`)."""
     if args.method not in KMEANS_START or args.init != "kmeans":
         return None
     z = defaults.kmeans_starts(X, args.seed, args.init_clusters, args.chains)
     return {"z": z}
-
-
-def _ibhc_start(X: np.ndarray, alpha: float, family) -> np.ndarray:
-    """tgMCMC's ``init="ibhc"`` partition (``ibhc.ibhc`` in row order), ``(n,)`` int32."""
-    from .inference.tgmcmc.ibhc import ibhc
-    from .models import DP
-
-    labels = np.asarray(ibhc(X, DP(alpha), family).labels)
-    return np.unique(labels, return_inverse=True)[1].reshape(-1).astype(np.int32)
 
 
 def _apply_method_defaults(args) -> None:

@@ -110,6 +110,13 @@ def test_cluster_splitmerge_tgmcmc_and_mapdp(tmp_path, capsys, monkeypatch):
     # tgMCMC starts from IBHC's 11 clusters here and needs about 25 iterations to reach the 2;
     # split-merge merges the k-means++ start's 20 clusters three proposals at a time (30
     # warm-up iterations are not always enough: 3 to 5 clusters with one random stream)
+    # tgMCMC's IBHC start is built before the run: no program of the run calls back to the host
+    from jaxbnp.inference.tgmcmc import kernel as tg
+
+    def no_callback(*args, **kwargs):
+        raise AssertionError("a tgMCMC program holds a host callback")
+
+    monkeypatch.setattr(tg, "io_callback", no_callback)
     for method, extra in (("splitmerge", ["--split-merge-moves", "3", "--warmup", "100"]),
                           ("mapdp", ["--mapdp-mode", "batched", "--warmup", "5"]),
                           ("tgmcmc", ["--global-moves", "10", "--depth", "1", "--warmup", "30"])):
@@ -262,26 +269,27 @@ def test_heartbeat_prints_lines_from_a_thread():
 
 
 def test_tgmcmc_start_is_the_kernels_ibhc_partition():
-    """The CLI builds tgMCMC's IBHC start on the host (so the sampling program has no host
-    callback and JAX's cache keeps it): the same partition as the kernel's init="ibhc"."""
+    """The CLI starts tgMCMC from ``TreeGuidedMCMC.initial_params`` (built on the host, so the
+    sampling program has no host callback and JAX's cache keeps it): with ``init="ibhc"``
+    that is IBHC's partition (``ibhc.ibhc`` in row order) in first-appearance order, the same
+    for every chain, and the kernel's eager ``init`` starts from it."""
+    import functools
+
     import jax
-    import numpyro
 
     import jaxbnp as bnp
-    from jaxbnp import cli
-    from jaxbnp.inference.partition.clusters import canonical_labels
+    from jaxbnp.inference.partition.clusters import compact_labels
+    from jaxbnp.inference.tgmcmc.ibhc import ibhc
 
     rng = np.random.default_rng(6)
     X = np.r_[rng.normal(-4, 0.7, (15, 2)), rng.normal(0, 0.7, (15, 2)), rng.normal(4, 0.7, (15, 2))]
     family = bnp.NormalWishart.from_data(X)
-
-    def model(X):
-        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
-        numpyro.sample("X", bnp.ConjugateMixture(family, z), obs=X)
-
+    model = functools.partial(bnp.mixture_model, measure=bnp.DP(1.0), family=family)
     kernel = bnp.TreeGuidedMCMC(model, init="ibhc", capacity=45)
-    state = kernel.init(jax.random.key(0), 0, None, (X,), {})
-    args = cli.build_parser().parse_args(["cluster", "--method", "tgmcmc", "--chains", "1"])
-    start = cli._initial_partition(args, X, family)["z"]
-    np.testing.assert_array_equal(np.asarray(canonical_labels(start, 45)), np.asarray(state.z["z"]))
-    assert len(np.unique(start)) >= 2
+    keys = jax.random.split(jax.random.key(0), 2)
+    start = kernel.initial_params(keys, None, (X,))["z"]
+    expected = compact_labels(np.asarray(ibhc(X, bnp.DP(1.0), family).labels))
+    np.testing.assert_array_equal(start, np.stack([expected, expected]))
+    assert len(np.unique(expected)) >= 2
+    state = kernel.init(keys[0], 0, None, (X,), {})
+    np.testing.assert_array_equal(np.asarray(state.z["z"]), expected)
