@@ -28,7 +28,13 @@ kernels (``CollapsedGibbs``, ``SplitMerge``, ``TreeGuidedMCMC``, ``SubClusterMCM
 ``PartitionKernel``) through :func:`~jaxbnp.inference.partition.moves.algorithm`,
 ``DiffusionTreeMCMC`` and ``PopulationDDT``'s within-chain sweeps through
 :func:`~jaxbnp.inference.trees.mcmc.algorithm`, ``BHMCKernel`` through
-:func:`~jaxbnp.inference.bhmc.sweep.algorithm`.
+:func:`~jaxbnp.inference.bhmc.sweep.algorithm`; any other algorithm runs through
+:class:`jaxbnp.inference.adapter.AlgorithmKernel`.
+
+Two more things every sampler shares live here: :class:`Move` and its combinators
+(:func:`chain`, :func:`repeat`, :func:`identity`; Optax's habits, generic over the state:
+the partition moves and BHMC's sweep are chains of moves), and :func:`run_chains`, the one
+place where a kernel batches its chains inside a program.
 """
 
 from __future__ import annotations
