@@ -12,16 +12,6 @@ JAX is the distributed engine; this module only wires jaxbnp to it.
 * :func:`fit_mapdp_chunked` and :func:`fit_subcluster_chunked` (MAP-DP and the sub-cluster
   chain on data larger than device memory, ``X`` on the host) are the streamed drivers of
   :mod:`jaxbnp.inference.streamed`, re-exported here.
-
-Example
--------
->>> import numpy as np, jaxbnp as bnp
->>> from jaxbnp.inference.distributed import fit_mapdp_chunked
->>> X = np.random.default_rng(0).normal(size=(10_000, 2))   # or np.load(path, mmap_mode="r")
->>> res = fit_mapdp_chunked(X, bnp.DP(1.0), bnp.NormalGamma.from_data(X), capacity=64,
-...                         chunk_size=4096, block_size=1024)
->>> res.labels.shape
-(10000,)
 """
 
 from __future__ import annotations

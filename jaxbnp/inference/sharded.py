@@ -84,13 +84,13 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from .._validation import check_data, check_int, check_labels
+from .._validation import check_data, check_int
 from ..models.measures import Measure
 from .base import SamplingAlgorithm
 from .mesh import (
     AXIS_NAME, Layout, ShardedData, make_layout, make_mesh, mesh_axis, shard_data, shard_labels,
 )
-from .partition.clusters import ClusterState, cluster_log_joint, compact_labels
+from .partition.clusters import ClusterState, cluster_log_joint, start_labels
 from .partition.gibbs import assignment_sweep, step_uniforms
 from .partition.mapdp import MAPDPResult, block_delta, block_proposal
 
@@ -409,15 +409,7 @@ def _gibbs_program(mesh: Mesh, layout: Layout, capacity: int, num_sweeps: int):
 def _initial_labels(labels, n: int, capacity: int) -> np.ndarray:
     """Host labels of a start (default: one cluster), relabelled in first-appearance order and
     checked against the capacity."""
-    if labels is None:
-        return np.zeros(n, np.int32)
-    labels = compact_labels(check_labels(labels, n))
-    if labels.max() + 1 > capacity:
-        raise ValueError(
-            f"The initial partition has {labels.max() + 1} clusters but capacity is {capacity}; "
-            f"pass capacity >= {labels.max() + 1}."
-        )
-    return labels
+    return np.zeros(n, np.int32) if labels is None else start_labels(labels, n, capacity)
 
 
 def gibbs(

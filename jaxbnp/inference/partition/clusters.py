@@ -41,6 +41,7 @@ __all__ = [
     "tree_index",
     "CapacityError",
     "raise_if_overflow",
+    "start_labels",
 ]
 
 
@@ -99,15 +100,21 @@ def init_clusters(family, X, labels, capacity: int) -> ClusterState:
     if isinstance(labels, jax.core.Tracer):  # traced (a compiled init): the slots as given
         lab_j = labels.astype(jnp.int32)
     else:
-        lab = compact_labels(check_labels(np.asarray(labels), X.shape[0]))
-        k = int(lab.max()) + 1
-        if k > capacity:
-            raise ValueError(
-                f"The initial partition has {k} clusters but capacity is {capacity}; "
-                f"pass capacity >= {k}."
-            )
-        lab_j = jnp.asarray(lab)
+        lab_j = jnp.asarray(start_labels(labels, X.shape[0], capacity))
     return clusters_from_labels(family, X, lab_j, capacity)
+
+
+def start_labels(labels, n: int, capacity: int) -> np.ndarray:
+    """Host labels of a start: checked, relabelled ``0..K-1`` in first-appearance order, and
+    ``ValueError`` when they use more clusters than ``capacity``."""
+    lab = compact_labels(check_labels(np.asarray(labels), n))
+    k = int(lab.max()) + 1
+    if k > capacity:
+        raise ValueError(
+            f"The initial partition has {k} clusters but capacity is {capacity}; "
+            f"pass capacity >= {k}."
+        )
+    return lab
 
 
 def clusters_from_labels(family, X, labels, capacity: int, overflow=False) -> ClusterState:
