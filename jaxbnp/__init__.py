@@ -9,6 +9,7 @@ from . import datasets
 from ._cache import enable_compilation_cache
 from ._xla import set_cpu_loop_kernels
 from .inference import (
+    AuxiliaryGibbs,
     BHMCFit,
     BHMCKernel,
     PartitionKernel,
@@ -94,7 +95,7 @@ __all__ = [
     "NestedCRP", "NestedHDP", "nested_hdp_model", "path_log_prior",
     # kernels (NumPyro MCMCKernels)
     "CollapsedGibbs", "CollapsedGibbsState", "SplitMerge", "SubClusterMCMC", "TreeGuidedMCMC",
-    "collapsed_gibbs_fn",
+    "collapsed_gibbs_fn", "AuxiliaryGibbs",
     "PartitionKernel", "moves", "BHMCKernel",
     "DiffusionTreeMCMC", "PopulationDDT",
     "ClusterState", "CapacityError",

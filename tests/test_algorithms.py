@@ -15,7 +15,7 @@ import pytest
 import jaxbnp as bnp
 from jaxbnp.inference.base import SamplingAlgorithm, run_steps
 from jaxbnp.inference.bhmc import sampler as bhmc
-from jaxbnp.inference.partition import moves, subcluster
+from jaxbnp.inference.partition import auxiliary, moves, subcluster
 from jaxbnp.inference.trees import mcmc as ddt_mcmc
 from jaxbnp.inference.trees import population
 from jaxbnp.models import nested
@@ -47,6 +47,25 @@ def _subcluster():
             lambda k, s: moves.step(k, s, ctx, move))
 
 
+def _poisson_model(data):
+    import numpyro
+    import numpyro.distributions as dist
+
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), data.shape[0]))
+    with numpyro.plate("clusters", 4):
+        rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+    numpyro.sample("x", dist.Poisson(rate[z]), obs=data)
+
+
+def _auxiliary():
+    data = jnp.asarray(np.r_[np.zeros(4), 9.0 * np.ones(4)])
+    kernel = bnp.AuxiliaryGibbs(_poisson_model)
+    _, spec = kernel.read_model({}, (data,), {})
+    make = lambda: auxiliary.algorithm(_poisson_model, spec, (data,), {})  # noqa: E731
+    return (make(), (jnp.array([0, 0, 0, 0, 1, 1, 1, 1]), {"rate": jnp.arange(1.0, 5.0)}),
+            lambda k, s: make().step(k, s))
+
+
 def _trees_mcmc():
     tree = bnp.models.ddt.sample_tree(jax.random.key(5), 1.0, X.shape[0], X.dtype)
     return (ddt_mcmc.algorithm(X, num_subtree_moves=3), (tree, 1.0, 1.0, 0.1),
@@ -68,7 +87,7 @@ def _bhmc():
 
 
 #: each sampler: ``() -> (algorithm, init arguments after the key, the core's own step)``
-ALGORITHMS = {"moves": _moves, "subcluster": _subcluster, "trees.mcmc": _trees_mcmc,
+ALGORITHMS = {"moves": _moves, "subcluster": _subcluster, "auxiliary": _auxiliary, "trees.mcmc": _trees_mcmc,
               "population": _population, "bhmc": _bhmc}
 
 

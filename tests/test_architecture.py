@@ -212,6 +212,7 @@ def test_no_library_file_over_a_thousand_lines():
 #: ``jaxbnp.inference.base.SamplingAlgorithm``, run in tests/test_algorithms.py)
 SAMPLER_MODULES = (
     "jaxbnp.inference.partition.moves",
+    "jaxbnp.inference.partition.auxiliary",
     "jaxbnp.inference.partition.subcluster",
     "jaxbnp.inference.trees.mcmc",
     "jaxbnp.inference.trees.population",

@@ -45,6 +45,13 @@ def alpha_model(X):
     numpyro.sample("X", bnp.ConjugateMixture(FAMILY, z), obs=X)
 
 
+def student_model(X):  # any likelihood, its parameters in a cluster plate (AuxiliaryGibbs)
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    with numpyro.plate("clusters", 8):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 3.0).expand([2]).to_event(1))
+    numpyro.sample("X", dist.StudentT(3.0, mu[z], 1.0).to_event(1), obs=X)
+
+
 def tree_model(X):
     tree = numpyro.sample("tree", bnp.DiffusionTree(1.2, X.shape[0]))
     numpyro.sample("X", bnp.BrownianLeaves(tree, 0.9, 0.2), obs=X)
@@ -80,6 +87,8 @@ ENTRIES = {
                                                  num_chains=2),
     "SubClusterMCMC/warmup then run": lambda key: _mcmc(bnp.SubClusterMCMC(dp_model, capacity=6), key,
                                                         warmup_then_run=True),
+    "AuxiliaryGibbs": lambda key: _mcmc(bnp.AuxiliaryGibbs(student_model), key, num_chains=2,
+                                        extra=("log_joint",)),
     "PartitionKernel": lambda key: _mcmc(bnp.PartitionKernel(
         dp_model, moves.chain(moves.split_merge(1), moves.gibbs_sweep())), key),
     "Gibbs(NUTS, CollapsedGibbs)": lambda key: _mcmc(

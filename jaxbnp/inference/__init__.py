@@ -14,7 +14,7 @@
 from .adapter import AlgorithmKernel
 from .bhmc import BHMCFit, BHMCKernel, fit_bhmc
 from .partition import (
-    CapacityError, ClusterState, CollapsedGibbs, CollapsedGibbsState, PartitionKernel, SplitMerge,
+    AuxiliaryGibbs, CapacityError, ClusterState, CollapsedGibbs, CollapsedGibbsState, PartitionKernel, SplitMerge,
     SubClusterMCMC, collapsed_gibbs_fn,
 )
 from .partition import moves
@@ -25,7 +25,7 @@ __all__ = [
     "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn",
     "SplitMerge", "SubClusterMCMC", "TreeGuidedMCMC", "DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt",
     "BHMCFit", "BHMCKernel", "fit_bhmc", "PartitionKernel", "moves", "PARTITION_KERNELS",
-    "AlgorithmKernel",
+    "AlgorithmKernel", "AuxiliaryGibbs",
 ]
 
 #: the ready-made partition samplers by the method names the estimators and the command

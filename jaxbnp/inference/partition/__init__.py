@@ -1,15 +1,17 @@
 """Samplers and optimisers of one partition of the data: the fixed-capacity cluster
 state (``clusters``), collapsed Gibbs (``gibbs``), Jain-Neal split-merge
-(``split_merge``), sub-cluster split/merge MCMC (``subcluster``), composable moves
+(``split_merge``), Neal's Algorithm 8 for any likelihood on a cluster plate
+(``auxiliary``), sub-cluster split/merge MCMC (``subcluster``), composable moves
 over a partition (``moves``), MAP-DP (``mapdp``), hyperparameter selection
 (``hyperparameters``) and their NumPyro kernels (``kernels``)."""
 
+from .auxiliary import AuxiliaryGibbs
 from .clusters import CapacityError, ClusterState, PartitionState
 from .kernels import (
     CollapsedGibbs, CollapsedGibbsState, PartitionKernel, PartitionKernelState, SplitMerge,
     SubClusterMCMC, collapsed_gibbs_fn,
 )
 
-__all__ = ["CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState",
+__all__ = ["AuxiliaryGibbs", "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState",
            "PartitionKernel", "PartitionKernelState", "PartitionState", "SplitMerge", "SubClusterMCMC",
            "collapsed_gibbs_fn"]

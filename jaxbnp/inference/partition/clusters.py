@@ -41,6 +41,7 @@ __all__ = [
     "tree_index",
     "CapacityError",
     "raise_if_overflow",
+    "raise_capacity_error_if",
     "start_labels",
 ]
 
@@ -161,13 +162,25 @@ def canonical_labels(labels: jax.Array, capacity: int) -> jax.Array:
     return rank[labels].astype(jnp.int32)
 
 
-def _raise_overflow(flag, capacity):
+def _raise_overflow(flag, capacity, hint=None):
     if np.any(np.asarray(flag)):
+        capacity = int(np.asarray(capacity).reshape(-1)[0])
         raise CapacityError(
-            f"jaxbnp: all {int(np.asarray(capacity).reshape(-1)[0])} cluster slots are in use "
-            "and the sampler needed a new cluster. Pass a larger capacity (e.g. twice as "
-            "large) to the kernel; no draw was returned from the overflowing step."
+            f"jaxbnp: all {capacity} cluster slots are in use and the sampler needed a new "
+            "cluster. " + (hint or "Pass a larger capacity (e.g. twice as large) to the kernel")
+            + "; no draw was returned from the overflowing step."
         )
+
+
+def raise_capacity_error_if(flag: jax.Array, capacity: int, hint: str | None = None) -> None:
+    """Inside jit: raise ``CapacityError`` on the host if ``flag`` is set (one host callback);
+    ``hint`` says what to enlarge (default: the kernel's capacity)."""
+    from functools import partial
+
+    from jax.experimental import io_callback
+
+    io_callback(partial(_raise_overflow, hint=hint), None, flag, jnp.asarray(capacity, jnp.int32),
+                ordered=False)
 
 
 def raise_if_overflow(state: ClusterState) -> None:
@@ -175,12 +188,4 @@ def raise_if_overflow(state: ClusterState) -> None:
 
     One host callback per call (about 0.1-0.3 ms), so call it once per sweep.
     """
-    from jax.experimental import io_callback
-
-    io_callback(
-        _raise_overflow,
-        None,
-        state.overflow,
-        jnp.asarray(state.capacity, jnp.int32),
-        ordered=False,
-    )
+    raise_capacity_error_if(state.overflow, state.capacity)

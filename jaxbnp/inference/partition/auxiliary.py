@@ -1,0 +1,671 @@
+"""Neal's Algorithm 8 on cluster slots: exact DP and Pitman-Yor mixtures of any NumPyro
+likelihood (docs/mathematics.md §8).
+
+The model keeps its cluster parameters in an ordinary ``numpyro.plate`` over ``C`` slots and
+indexes them by the partition::
+
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+        with numpyro.plate("clusters", 32):
+            rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+        numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+One iteration of :func:`algorithm`'s ``step``:
+
+1. the parameters of the empty slots are drawn afresh from their prior (they are the
+   auxiliary components);
+2. every point is scored against every slot at once (an ``(n, C)`` matrix of
+   ``log f(x_i | theta_k)``: the model's likelihood site evaluated ``C`` times);
+3. the labels are drawn one point after another from Algorithm 8's weights on slots:
+   ``(n_{-i,k} - d) f(x_i | theta_k)`` for an occupied slot, ``(alpha + d K_{-i}) / (C - K_{-i})
+   f(x_i | theta_j)`` for each empty one (only the counts are sequential);
+4. the slots are renumbered in order of first appearance, their parameters with them (when
+   the kernel owns every parameter site; under ``numpyro.infer.Gibbs`` with the parameters in
+   another block the labels are slot indices, so the plate may have at most ``n`` slots);
+5. the parameters of every slot take ``num_param_steps`` slice-sampling steps along a random
+   direction in the unconstrained space (all slots at once, each its own slice).
+
+A point that finds no empty slot (``K_{-i} = C``) would need a cluster the plate cannot hold:
+the state records ``overflow`` and the kernel raises ``CapacityError`` (a larger plate is the
+fix); nothing is truncated silently.
+
+:class:`AuxiliaryGibbs` is the NumPyro kernel: alone in ``MCMC`` it updates the partition and
+the cluster parameters; as a block of ``numpyro.infer.Gibbs`` whose other blocks own the
+parameters (``Gibbs([(bnp.AuxiliaryGibbs(model), ["z"]), (NUTS(model), ["rate"])])``) it
+updates the partition given them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from numpyro.distributions.transforms import biject_to
+from numpyro.util import is_prng_key
+
+from ..._programs import call_cached
+from ..._random import typed_key
+from ..._validation import check_labels
+from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
+from ...models.measures import DP, PitmanYor
+from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
+from ..base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
+from .clusters import canonical_labels, raise_capacity_error_if
+
+__all__ = ["AuxiliaryGibbs", "AuxiliaryGibbsState", "ClusterModelSpec", "AuxiliaryState", "AuxiliaryInfo",
+           "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "empty_slot_log_weight", "slice_slots", "slot_order"]
+
+
+# ----------------------------------------------------------------------------- reading the model
+class ClusterModelSpec(NamedTuple):
+    """What :func:`find_cluster_spec` reads off one trace of the model.
+
+    param_sites: every site in the cluster plate; owned_params: those that are latent in
+    the trace (the kernel updates them; the others are conditioned, e.g. owned by NUTS in a
+    ``numpyro.infer.Gibbs`` block); slot_axes: the plate's axis in each param site's value.
+    """
+
+    partition_site: str
+    likelihood_site: str
+    plate: str
+    capacity: int
+    param_sites: tuple
+    owned_params: tuple
+    slot_axes: tuple
+    num_points: int
+
+    @property
+    def owned_sites(self) -> tuple:
+        return (self.partition_site, *self.owned_params)
+
+    def slot_axis(self, name: str) -> int:
+        return self.slot_axes[self.param_sites.index(name)]
+
+
+_EXAMPLE = (
+    "e.g.\n    z = numpyro.sample('z', bnp.Partition(bnp.DP(1.0), n))\n"
+    "    with numpyro.plate('clusters', 32):\n"
+    "        rate = numpyro.sample('rate', dist.LogNormal(0.0, 1.0))\n"
+    "    numpyro.sample('X', dist.Poisson(rate[z]), obs=X)"
+)
+
+
+def _frames(site) -> dict:
+    return {f.name: f for f in site.get("cond_indep_stack", ())}
+
+
+def depends_on_partition(model, partition_site: str, site: str, num_points: int, model_args,
+                         model_kwargs) -> bool:
+    """Whether ``site``'s log density is computed from the partition's value (a walk over the
+    program's jaxpr: any equation with a dependent input makes its outputs dependent)."""
+
+    def log_density(z):
+        s = trace_model(model, {partition_site: z}, model_args, model_kwargs)[site]
+        return s["fn"].log_prob(s["value"])
+
+    closed = jax.make_jaxpr(log_density)(jnp.zeros(num_points, jnp.int32))
+    dependent = {id(v) for v in closed.jaxpr.invars}
+    for eqn in closed.jaxpr.eqns:
+        if any(id(v) in dependent for v in eqn.invars if type(v).__name__ != "Literal"):
+            dependent.update(id(v) for v in eqn.outvars)
+    return any(id(v) in dependent for v in closed.jaxpr.outvars)
+
+
+def find_cluster_spec(model_trace, owner: str, depends: Callable | None = None) -> ClusterModelSpec:
+    """The partition site, the likelihood site and the cluster plate of a model (module
+    docstring); ``ValueError`` naming ``owner`` and saying what to write for any other model.
+    ``depends(name) -> bool`` (:func:`depends_on_partition`) settles which of several observed
+    sites with a density per point is the likelihood."""
+    partitions = sample_sites(model_trace, Partition, observed=False)
+    if len(partitions) != 1:
+        raise ValueError(f"{owner} needs a model with exactly one latent Partition site, {_EXAMPLE}; "
+                         f"found {len(partitions)} ({partitions}).")
+    p_name = partitions[0]
+    p_fn = model_trace[p_name]["fn"]
+    n = p_fn.num_points
+    if not isinstance(p_fn.measure, (DP, PitmanYor)):
+        raise ValueError(f"{owner} supports DP and PitmanYor partitions, not "
+                         f"{type(p_fn.measure).__name__}.")
+    if sample_sites(model_trace, ConjugateMixture, observed=True):
+        raise ValueError(f"{owner} is for likelihoods written with a cluster plate; a ConjugateMixture "
+                         "model is fitted by the collapsed kernels (bnp.CollapsedGibbs, bnp.SplitMerge, "
+                         "bnp.SubClusterMCMC).")
+    sites = {name: s for name, s in model_trace.items() if s["type"] == "sample" and name != p_name}
+    observed = [name for name, s in sites.items() if s["is_observed"]]
+    # the likelihood: an observed site with one log density per point (leading batch axis n)
+    per_point = [name for name in observed
+                 if tuple(sites[name]["fn"].batch_shape)[:1] == (n,)]
+    latent_frames = {f for s in sites.values() if not s["is_observed"] for f in _frames(s)}
+    likely = [name for name in per_point if not set(_frames(sites[name])) & latent_frames] or per_point
+    if len(likely) > 1 and depends is not None:  # e.g. n slots owned by another Gibbs block
+        likely = [name for name in likely if depends(name)]
+    if len(likely) != 1:
+        raise ValueError(f"{owner} needs exactly one observed site with one log density per point "
+                         f"(batch shape ({n}, ...)) indexed by the partition, {_EXAMPLE}; found "
+                         f"{len(likely)} ({likely}). A likelihood over several columns is one site "
+                         "(.to_event(1)).")
+    lik = likely[0]
+    lik_frames = set(_frames(sites[lik]))
+    plates = {f for name, s in sites.items() if name != lik for f in _frames(s) if f not in lik_frames}
+    if len(plates) != 1:
+        raise ValueError(f"{owner} needs the cluster parameters in one numpyro.plate over the slots, "
+                         f"{_EXAMPLE}; found plates {sorted(plates)}.")
+    plate = plates.pop()
+    params, axes = [], []
+    for name, s in sites.items():
+        frame = _frames(s).get(plate)
+        if frame is None or name == lik:
+            continue
+        batch = tuple(s["fn"].batch_shape)
+        if frame.dim is None or -frame.dim > len(batch):
+            raise ValueError(f"{owner}: site '{name}' is in plate '{plate}' but has no axis for it.")
+        params.append(name)
+        axes.append(len(batch) + frame.dim)
+    capacity = int(next(_frames(model_trace[p]) for p in params)[plate].size)
+    owned = tuple(name for name in params if not sites[name]["is_observed"])
+    if len(owned) < len(params) and capacity > n:
+        raise ValueError(
+            f"{owner}: with the cluster parameters {[p for p in params if p not in owned]} owned by "
+            f"another block of numpyro.infer.Gibbs, the labels are slot indices, so plate '{plate}' "
+            f"may have at most n = {n} slots (it has {capacity}).")
+    others = [name for name, s in sites.items()
+              if not s["is_observed"] and name not in params]
+    if others:
+        raise ValueError(
+            f"The model has latent sites {others} outside the cluster plate that {owner} does not "
+            f"update. Update them with NUTS: numpyro.infer.Gibbs([(bnp.{owner}(model), "
+            f"{[p_name, *owned]}), (NUTS(model), {others})]).")
+    for name in owned:
+        if sites[name]["fn"].is_discrete:
+            raise ValueError(f"{owner}: the cluster parameter '{name}' is discrete; the kernel samples "
+                             "continuous parameters.")
+    return ClusterModelSpec(p_name, lik, plate, capacity, tuple(params), owned, tuple(axes), n)
+
+
+# ----------------------------------------------------------------------------- the model's densities
+def _to_front(x, axis):
+    return jnp.moveaxis(x, axis, 0)
+
+
+def _from_front(x, axis):
+    return jnp.moveaxis(x, 0, axis)
+
+
+class _Model:
+    """The model's densities for one spec and one set of model arguments (a closure, free
+    under tracing)."""
+
+    def __init__(self, model, spec: ClusterModelSpec, model_args, model_kwargs):
+        self.model, self.spec = model, spec
+        self.args, self.kwargs = model_args, dict(model_kwargs or {})
+
+    def trace(self, labels, params, key=None):
+        data = {self.spec.partition_site: labels, **params}
+        return trace_model(self.model, data, self.args, self.kwargs, key=key)
+
+    def point_log_lik(self, tr) -> jax.Array:
+        """``log f(x_i | theta_{z_i})`` of every point, ``(n,)``."""
+        s = tr[self.spec.likelihood_site]
+        lp = s["fn"].log_prob(s["value"])
+        return lp.reshape(self.spec.num_points, -1).sum(-1)
+
+    def slot_log_prior(self, tr, names) -> jax.Array:
+        """``sum over names of log p(theta_k)`` per slot, ``(C,)``."""
+        total = jnp.zeros(self.spec.capacity)
+        for name in names:
+            s = tr[name]
+            lp = s["fn"].log_prob(s["value"])  # batch shape: the slot axis is where it is in the value
+            total = total + _to_front(lp, self.spec.slot_axis(name)).reshape(self.spec.capacity, -1).sum(-1)
+        return total
+
+    def slot_params(self, params, k):
+        """Every slot holding slot ``k``'s parameters (scoring all points against slot ``k``)."""
+        out = {}
+        for name, v in params.items():
+            axis = self.spec.slot_axis(name)
+            out[name] = jnp.broadcast_to(jnp.take(v, jnp.array([k]), axis=axis), v.shape)
+        return out
+
+    def log_lik_matrix(self, params) -> jax.Array:
+        """``log f(x_i | theta_k)`` for every point and slot, ``(n, C)``: the likelihood site
+        with every slot set to slot ``k``'s parameters and every label 0, for each ``k``."""
+        zeros = jnp.zeros(self.spec.num_points, jnp.int32)
+
+        def column(k):
+            return self.point_log_lik(self.trace(zeros, self.slot_params(params, k)))
+
+        return jax.vmap(column, out_axes=1)(jnp.arange(self.spec.capacity))
+
+
+# ----------------------------------------------------------------------------- unconstrained slots
+class _Flat(NamedTuple):
+    names: tuple
+    shapes: tuple  # constrained per-slot shapes
+    ushapes: tuple  # unconstrained per-slot shapes
+    transforms: tuple
+
+
+def _flat_layout(spec: ClusterModelSpec, tr) -> _Flat:
+    shapes, ushapes, transforms = [], [], []
+    for name in spec.owned_params:
+        s = tr[name]
+        t = biject_to(s["fn"].support)
+        slot_shape = tuple(np.delete(np.shape(s["value"]), spec.slot_axis(name)))
+        shapes.append(slot_shape)
+        ushapes.append(tuple(t.inverse_shape(slot_shape)))
+        transforms.append(t)
+    return _Flat(spec.owned_params, tuple(shapes), tuple(ushapes), tuple(transforms))
+
+
+def _flatten(layout: _Flat, spec, params) -> jax.Array:
+    """Owned parameters -> unconstrained ``(C, D)``."""
+    parts = []
+    for name, t in zip(layout.names, layout.transforms):
+        v = _to_front(params[name], spec.slot_axis(name))
+        parts.append(jax.vmap(t.inv)(v).reshape(spec.capacity, -1))
+    return jnp.concatenate(parts, axis=1)
+
+
+def _unflatten(layout: _Flat, spec, x):
+    """Unconstrained ``(C, D)`` -> (owned parameters, log |Jacobian| per slot ``(C,)``)."""
+    params, ladj, start = {}, jnp.zeros(spec.capacity, x.dtype), 0
+    for name, ushape, t in zip(layout.names, layout.ushapes, layout.transforms):
+        size = int(np.prod(ushape, dtype=int))
+        u = x[:, start:start + size].reshape((spec.capacity, *ushape))
+        start += size
+        v = jax.vmap(t)(u)
+        j = jax.vmap(lambda a, b: jnp.sum(t.log_abs_det_jacobian(a, b)))(u, v)
+        params[name] = _from_front(v, spec.slot_axis(name))
+        ladj = ladj + j
+    return params, ladj
+
+
+# ----------------------------------------------------------------------------- the moves
+def empty_slot_log_weight(log_new, free):
+    """Log weight of each of the ``free`` empty slots: the measure's new-cluster weight shared
+    among them (docs/mathematics.md §8: the uniform placement of clusters in slots)."""
+    return log_new - jnp.log(jnp.maximum(free, 1))
+
+
+def label_sweep(key, labels, log_lik, measure, capacity: int):
+    """Algorithm 8 on slots (module docstring, step 3), points in order: ``(labels, overflow)``.
+
+    ``log_lik`` is ``(n, C)``; a point alone in its slot leaves it empty with its parameters
+    (one of the auxiliary components); ``overflow`` is set when a point finds every other
+    slot occupied (the plate would need one more)."""
+    n = labels.shape[0]
+    gumbel = jax.random.gumbel(key, (n, capacity), log_lik.dtype)
+    counts = jnp.zeros(capacity, jnp.int32).at[labels].add(1)
+
+    def one(carry, xs):
+        counts, overflow = carry
+        own, ll, g = xs
+        minus = counts.at[own].add(-1)
+        log_existing, log_new = measure.gibbs_log_weights(minus)
+        free = capacity - jnp.sum(minus > 0)
+        log_w = jnp.where(minus > 0, log_existing, empty_slot_log_weight(log_new, free).astype(ll.dtype)) + ll
+        new = jnp.argmax(log_w + g).astype(jnp.int32)
+        return (minus.at[new].add(1), overflow | (free == 0)), new
+
+    (_, overflow), new = lax.scan(one, (counts, jnp.zeros((), bool)), (labels, log_lik, gumbel))
+    return new, overflow
+
+
+def slot_order(labels, capacity: int):
+    """``(order, new_labels)``: slots in order of first appearance (empty slots after, in
+    their order) and the labels renumbered to match."""
+    n = labels.shape[0]
+    first = jax.ops.segment_min(jnp.arange(n), labels, num_segments=capacity)
+    first = jnp.where(jnp.zeros(capacity, jnp.int32).at[labels].add(1) > 0, first, n + jnp.arange(capacity))
+    order = jnp.argsort(first)
+    rank = jnp.argsort(order)
+    return order, rank[labels].astype(jnp.int32)
+
+
+def slice_slots(key, log_density: Callable, x0, lp0, width, max_steps_out: int = 8,
+                max_shrinks: int = 200):
+    """One slice-sampling step of every row of ``x0`` (``(C, D)``), each along its own random
+    direction (hit and run; Neal 2003, stepping out with a random split of
+    ``max_steps_out``, then shrinkage). ``log_density(x) -> (C,)`` must be separable: row
+    ``k``'s density depends on row ``k`` only. ``lp0 = log_density(x0)``. All rows move in
+    lockstep: one call of ``log_density`` per stepping or shrinking round."""
+    c, d = x0.shape
+    k_dir, k_level, k_pos, k_split, k_shrink = jax.random.split(key, 5)
+    u = jax.random.normal(k_dir, (c, d), x0.dtype)
+    u = u / jnp.linalg.norm(u, axis=1, keepdims=True)
+    log_y = lp0 + jnp.log(jax.random.uniform(k_level, (c,), x0.dtype, minval=1e-30))
+
+    def at(t):
+        return log_density(x0 + t[:, None] * u)
+
+    left = -width * jax.random.uniform(k_pos, (c,), x0.dtype)
+    right = left + width
+    j = jnp.floor(max_steps_out * jax.random.uniform(k_split, (c,), x0.dtype)).astype(jnp.int32)
+    k = max_steps_out - 1 - j
+
+    def step_out(sign):
+        def cond(carry):
+            edge, steps, inside = carry
+            return jnp.any(inside)
+
+        def body(carry):
+            edge, steps, inside = carry
+            edge = jnp.where(inside, edge + sign * width, edge)
+            steps = steps - inside
+            inside = inside & (steps > 0) & (at(edge) > log_y)
+            return edge, steps, inside
+
+        return body, cond
+
+    body, cond = step_out(-1.0)
+    left, _, _ = lax.while_loop(cond, body, (left, j, (j > 0) & (at(left) > log_y)))
+    body, cond = step_out(1.0)
+    right, _, _ = lax.while_loop(cond, body, (right, k, (k > 0) & (at(right) > log_y)))
+
+    def shrink_cond(carry):
+        _, _, _, _, done, i, _ = carry
+        return jnp.any(~done) & (i < max_shrinks)
+
+    def shrink_body(carry):
+        left, right, t, lp, done, i, key = carry
+        key, sub = jax.random.split(key)
+        t_new = left + (right - left) * jax.random.uniform(sub, (c,), x0.dtype)
+        lp_new = at(t_new)
+        accept = (~done) & (lp_new > log_y)
+        left = jnp.where(done | accept | (t_new >= 0), left, t_new)
+        right = jnp.where(done | accept | (t_new < 0), right, t_new)
+        return (left, right, jnp.where(accept, t_new, t), jnp.where(accept, lp_new, lp),
+                done | accept, i + 1, key)
+
+    init = (left, right, jnp.zeros(c, x0.dtype), lp0, jnp.zeros(c, bool), jnp.int32(0), k_shrink)
+    _, _, t, lp, _, _, _ = lax.while_loop(shrink_cond, shrink_body, init)
+    return x0 + t[:, None] * u, lp
+
+
+# ----------------------------------------------------------------------------- the algorithm
+class AuxiliaryState(NamedTuple):
+    """labels: ``(n,)`` slots in order of first appearance; params: every param site's value
+    (slots renumbered with the labels); overflow: sticky, a point found no empty slot."""
+
+    labels: jax.Array
+    params: dict
+    overflow: jax.Array
+
+
+class AuxiliaryInfo(NamedTuple):
+    num_clusters: jax.Array
+    log_joint: jax.Array
+
+
+def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwargs=None, *,
+              num_param_steps: int = 1, step_size: float = 1.0) -> SamplingAlgorithm:
+    """Algorithm 8 on slots for ``model`` (module docstring) as ``init(key, labels, params)``,
+    ``step(key, state)``; ``spec`` from :func:`find_cluster_spec`, the model's values (data,
+    conditioned sites) read from ``model_args``/``model_kwargs`` at every step."""
+    m = _Model(model, spec, model_args, model_kwargs)
+    capacity = spec.capacity
+
+    def renumber(labels, params):
+        if set(spec.owned_params) != set(spec.param_sites):
+            return labels, params  # another block owns parameters: the slots stay where they are
+        order, labels = slot_order(labels, capacity)
+        params = {name: jnp.take(v, order, axis=spec.slot_axis(name)) for name, v in params.items()}
+        return labels, params
+
+    def log_joint(labels, params):
+        tr = m.trace(labels, params)
+        total = m.point_log_lik(tr).sum() + m.slot_log_prior(tr, spec.param_sites).sum()
+        p = tr[spec.partition_site]
+        return total + p["fn"].log_prob(labels)
+
+    def init(key, labels, params):
+        labels, params = renumber(jnp.asarray(labels, jnp.int32), params)
+        return AuxiliaryState(labels, params, jnp.zeros((), bool))
+
+    def step(key, state):
+        k_fresh, k_labels, k_params = jax.random.split(key, 3)
+        labels, params = state.labels, dict(state.params)
+        measure = m.trace(labels, params)[spec.partition_site]["fn"].measure
+        occupied = jnp.zeros(capacity, jnp.int32).at[labels].add(1) > 0
+        if spec.owned_params:
+            # 1. empty slots: fresh prior draws (the model traced without their values)
+            others = {k: v for k, v in params.items() if k not in spec.owned_params}
+            fresh = m.trace(labels, others, key=k_fresh)
+            for name in spec.owned_params:
+                axis = spec.slot_axis(name)
+                keep = occupied.reshape((-1,) + (1,) * (params[name].ndim - axis - 1))
+                params[name] = jnp.where(keep, params[name], fresh[name]["value"])
+        # 2-3. every point against every slot, then the labels one point at a time
+        labels, overflow = label_sweep(k_labels, labels, m.log_lik_matrix(params), measure, capacity)
+        # 4. slots in order of first appearance
+        labels, params = renumber(labels, params)
+        # 5. the parameters, all slots at once
+        if spec.owned_params:
+            tr0 = m.trace(labels, params)
+            layout = _flat_layout(spec, tr0)
+            fixed = {k: v for k, v in params.items() if k not in spec.owned_params}
+
+            def log_density(x):
+                owned, ladj = _unflatten(layout, spec, x)
+                tr = m.trace(labels, {**fixed, **owned})
+                ll = jax.ops.segment_sum(m.point_log_lik(tr), labels, num_segments=capacity)
+                return m.slot_log_prior(tr, spec.owned_params) + ladj + ll
+
+            x = _flatten(layout, spec, params)
+            lp = log_density(x)
+            for k in jax.random.split(k_params, num_param_steps):
+                x, lp = slice_slots(k, log_density, x, lp, step_size)
+            params.update(_unflatten(layout, spec, x)[0])
+        num_clusters = jnp.sum(jnp.zeros(capacity, jnp.int32).at[labels].add(1) > 0)
+        new = AuxiliaryState(labels, params, state.overflow | overflow)
+        return new, AuxiliaryInfo(num_clusters.astype(jnp.int32), log_joint(labels, params))
+
+    return SamplingAlgorithm(init, step)
+
+
+# ----------------------------------------------------------------------------- the NumPyro kernel
+class AuxiliaryGibbsState(NamedTuple):
+    """z: the kernel's sites by name (the partition, the cluster parameters it owns);
+    log_joint: ``log p(X, Pi, theta)`` after the step; num_clusters: ``K``; overflow: sticky."""
+
+    z: dict
+    params: dict
+    log_joint: jax.Array
+    num_clusters: jax.Array
+    overflow: jax.Array
+    rng_key: jax.Array
+
+
+def _fill(site):
+    if isinstance(site["fn"], Partition) and not site["is_observed"]:
+        return jnp.zeros(site["fn"].num_points, jnp.int32)
+    if isinstance(site["fn"], AuxiliaryU) and not site["is_observed"]:
+        return jnp.ones(())  # NGGP's u: read only to refuse the model with a clear error
+    return None
+
+
+class AuxiliaryGibbs(DiscreteSiteKernel):
+    """Neal's Algorithm 8 on the slots of a cluster plate, for any NumPyro likelihood
+    (module docstring; docs/mathematics.md §8).
+
+    :param model: a NumPyro model with one latent ``Partition`` site (``DP`` or
+        ``PitmanYor``), its cluster parameters in one ``numpyro.plate`` over slots, and one
+        observed site with a log density per point that indexes them by the partition.
+    :param num_param_steps: slice-sampling steps of the cluster parameters per iteration.
+    :param step_size: the slice sampler's initial interval, in the parameters' unconstrained
+        coordinates (stepped out up to 8 times, then shrunk: any value is exact).
+    :param init_strategy: the first partition when ``init_params`` has none: ``"one"`` (one
+        cluster) or ``"prior"`` (a draw from the partition prior; it must fit the plate).
+    :param chain_batching: as for :class:`~jaxbnp.CollapsedGibbs`.
+
+    The plate's size is the number of slots: a point that finds them all occupied raises
+    ``CapacityError`` (enlarge the plate). Cluster parameters missing from ``init_params``
+    start from a prior draw. Extra fields ``"log_joint"`` and ``"num_clusters"``.
+    """
+
+    sample_field = "z"
+    chains_in_threads = True
+
+    def __init__(self, model: Callable, *, num_param_steps: int = 1, step_size: float = 1.0,
+                 init_strategy: str = "one", chain_batching: str = "auto"):
+        if not callable(model):
+            raise ValueError("AuxiliaryGibbs(model): model must be a NumPyro model function.")
+        if isinstance(num_param_steps, bool) or int(num_param_steps) != num_param_steps or num_param_steps < 1:
+            raise ValueError(f"num_param_steps must be a positive integer, got {num_param_steps!r}.")
+        if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
+            raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
+        if init_strategy not in ("one", "prior"):
+            raise ValueError(f"init_strategy must be 'one' or 'prior', got {init_strategy!r}.")
+        if chain_batching not in CHAIN_BATCHING:
+            raise ValueError(f"chain_batching must be one of {CHAIN_BATCHING}, got {chain_batching!r}.")
+        self._model = model
+        self._num_param_steps = int(num_param_steps)
+        self._step_size = float(step_size)
+        self._init_strategy = init_strategy
+        self._chain_batching = chain_batching
+        self._spec = None
+        self._sample_fn = None
+
+    def fill_site(self, site):
+        return _fill(site)
+
+    def find_spec(self, model_trace) -> ClusterModelSpec:
+        args, kwargs = getattr(self, "_reading", ((), {}))
+        p = sample_sites(model_trace, Partition, observed=False)
+
+        def depends(site):
+            return depends_on_partition(self._model, p[0], site, model_trace[p[0]]["fn"].num_points,
+                                        args, kwargs)
+
+        return find_cluster_spec(model_trace, self.owner, depends if len(p) == 1 else None)
+
+    def read_model(self, init_params, model_args, model_kwargs):
+        self._reading = (model_args, model_kwargs)
+        try:
+            return super().read_model(init_params, model_args, model_kwargs)
+        finally:
+            del self._reading
+
+    def _algorithm(self, spec, model_args, model_kwargs):
+        return algorithm(self._model, spec, model_args, model_kwargs,
+                         num_param_steps=self._num_param_steps, step_size=self._step_size)
+
+    def _check_init(self, init_params, spec):
+        labels = init_params.get(spec.partition_site)
+        if labels is None or isinstance(labels, jax.core.Tracer):
+            return
+        labels = np.asarray(labels)
+        for row in labels.reshape(-1, labels.shape[-1]):
+            check_labels(row, spec.num_points, f"init_params['{spec.partition_site}']")
+            k = len(np.unique(row))
+            if k > spec.capacity:
+                raise ValueError(f"init_params['{spec.partition_site}'] has {k} clusters but plate "
+                                 f"'{spec.plate}' has {spec.capacity} slots.")
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        rng_key = typed_key(rng_key)
+        init_params = dict(init_params or {})
+        _, spec = self.read_model(init_params, model_args, model_kwargs)
+        self._spec = spec
+        self._check_init(init_params, spec)
+        batched = not is_prng_key(rng_key)
+        strategy, owner = self._init_strategy, self.owner
+
+        def init_one(key, params, args, kwargs):
+            k_init, k_labels, k_params, key = jax.random.split(key, 4)
+            if spec.partition_site in params:
+                labels = jnp.asarray(params[spec.partition_site], jnp.int32)
+            elif strategy == "prior":
+                tr = trace_model(self._model, {}, args, kwargs, fill=None, key=k_labels)
+                labels = tr[spec.partition_site]["value"].astype(jnp.int32)
+            else:
+                labels = jnp.zeros(spec.num_points, jnp.int32)
+            given = {k: jnp.asarray(v) for k, v in params.items() if k in spec.owned_params}
+            tr = trace_model(self._model, {spec.partition_site: labels, **given}, args, kwargs,
+                             key=k_params)
+            theta = {name: tr[name]["value"] for name in spec.param_sites}
+            labels = canonical_labels(labels, spec.num_points)
+            too_many = jnp.max(labels) >= spec.capacity  # more clusters than slots: an error
+            labels = jnp.where(labels < spec.capacity, labels, 0)
+            state = self._algorithm(spec, args, kwargs).init(k_init, labels, theta)
+            return self._kernel_state(spec, state, key, args, kwargs, too_many)
+
+        static = ("init", spec, batched, tuple(sorted(init_params)), strategy, owner)
+        if batched:
+            axes = {k: 0 for k in init_params}
+
+            def init_many(keys, params, args, kwargs):
+                return run_chains(init_one, keys, params, args, kwargs, in_axes=(0, axes, None, None),
+                                  how="vmap")
+
+            state = call_cached(self, "init", static, init_many, rng_key, init_params,
+                                model_args=model_args, model_kwargs=model_kwargs)
+        else:
+            state = call_cached(self, "init", static, init_one, rng_key, init_params,
+                                model_args=model_args, model_kwargs=model_kwargs)
+        if bool(np.any(np.asarray(state.overflow))):
+            raise ValueError(f"{owner}: the first partition has more clusters than plate "
+                             f"'{spec.plate}' has slots ({spec.capacity}); enlarge the plate.")
+        how = self._chain_batching
+
+        def sample_one(state, args, kwargs):
+            return self._sample_one(spec, state, args, kwargs)
+
+        if batched:
+            self._sample_fn = lambda state, args, kwargs: run_chains(
+                sample_one, state, args, kwargs, in_axes=(0, None, None), how=how)
+        else:
+            self._sample_fn = sample_one
+        return state
+
+    def _kernel_state(self, spec, state: AuxiliaryState, key, args, kwargs, overflow):
+        m = _Model(self._model, spec, args, kwargs)
+        tr = m.trace(state.labels, state.params)
+        lj = (m.point_log_lik(tr).sum() + m.slot_log_prior(tr, spec.param_sites).sum()
+              + tr[spec.partition_site]["fn"].log_prob(state.labels))
+        k = jnp.sum(jnp.zeros(spec.capacity, jnp.int32).at[state.labels].add(1) > 0).astype(jnp.int32)
+        z = {spec.partition_site: state.labels, **{n: state.params[n] for n in spec.owned_params}}
+        return AuxiliaryGibbsState(z, dict(state.params), lj, k, state.overflow | overflow, key)
+
+    def _sample_one(self, spec, s: AuxiliaryGibbsState, args, kwargs):
+        key, k_step = jax.random.split(s.rng_key)
+        # the conditioned sites (NUTS's parameters in a Gibbs block) at their current values
+        tr = trace_model(self._model, {spec.partition_site: s.z[spec.partition_site],
+                                       **{n: s.z[n] for n in spec.owned_params}}, args, kwargs)
+        params = {name: tr[name]["value"] for name in spec.param_sites}
+        alg = self._algorithm(spec, args, kwargs)
+        state = AuxiliaryState(s.z[spec.partition_site], params, s.overflow)
+        new, info = alg.step(k_step, state)
+        raise_capacity_error_if(new.overflow, spec.capacity,
+                                f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)")
+        z = {spec.partition_site: new.labels, **{n: new.params[n] for n in spec.owned_params}}
+        return AuxiliaryGibbsState(z, new.params, info.log_joint, info.num_clusters, new.overflow, key)
+
+    def sample(self, state, model_args, model_kwargs):
+        return self._sample_fn(state, model_args, model_kwargs)
+
+    def refresh(self, state, model_args, model_kwargs):
+        """The cached log joint and parameters against the current conditioning values (the
+        sites other blocks of ``numpyro.infer.Gibbs`` own)."""
+        spec = self._spec
+
+        def one(s):
+            tr = trace_model(self._model, dict(s.z), model_args, model_kwargs)
+            params = {name: tr[name]["value"] for name in spec.param_sites}
+            state = AuxiliaryState(s.z[spec.partition_site], params, s.overflow)
+            return self._kernel_state(spec, state, s.rng_key, model_args, model_kwargs, s.overflow)
+
+        if jnp.ndim(state.log_joint):
+            return run_chains(one, state, in_axes=(0,), how="vmap")
+        return one(state)
+
+    @property
+    def default_fields(self):
+        return ("z",)
+
+    def get_diagnostics_str(self, state):
+        return f"K={int(np.max(np.asarray(state.num_clusters)))}"

@@ -1,0 +1,133 @@
+"""``AuxiliaryGibbs`` as a NumPyro kernel: the issue's model as written, chain methods,
+composition with NUTS, ``log_likelihood``, and the errors a model it cannot read gets (the
+exact tests are in ``tests/exact/test_auxiliary_exact.py``)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC, NUTS, Gibbs
+from numpyro.infer.util import log_likelihood
+
+import jaxbnp as bnp
+
+RNG = np.random.default_rng(0)
+X = jnp.asarray(np.concatenate([RNG.poisson(2.0, 20), RNG.poisson(30.0, 20)]).astype(float))
+
+
+def model(X):  # the issue's model, as written
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    with numpyro.plate("clusters", 32):
+        rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+    numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+
+def _run(kernel, key, num_chains=1, chain_method="sequential", data=X, **run_kwargs):
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=30, num_chains=num_chains, chain_method=chain_method,
+                progress_bar=False)
+    fields = () if isinstance(kernel, Gibbs) else ("num_clusters", "log_joint")
+    mcmc.run(key, data, extra_fields=fields, **run_kwargs)
+    return mcmc
+
+
+def test_the_issue_model_runs_and_finds_the_two_groups():
+    mcmc = _run(bnp.AuxiliaryGibbs(model), jax.random.key(0))
+    s = mcmc.get_samples()
+    assert s["z"].shape == (30, 40) and s["z"].dtype == jnp.int32
+    assert s["rate"].shape == (30, 32)
+    z = np.asarray(s["z"][-1])
+    assert len(set(z[:20]) & set(z[20:])) == 0  # Poisson(2) and Poisson(30) never share a cluster
+    rate = np.asarray(s["rate"][-1])
+    assert np.all(rate[z[20:]] > 15) and np.all(rate[z[:20]] < 8)  # slots renumbered with labels
+    assert np.isfinite(mcmc.get_extra_fields()["log_joint"]).all()
+    ll = log_likelihood(model, s, X)["X"]
+    assert ll.shape == (30, 40) and np.isfinite(ll).all()
+
+
+def test_chain_methods_give_the_same_draws():
+    """Sequential and vectorized chains (the key types: tests/test_keys.py)."""
+    typed = _run(bnp.AuxiliaryGibbs(model), jax.random.key(3), num_chains=2).get_samples()["z"]
+    vec = _run(bnp.AuxiliaryGibbs(model), jax.random.key(3), num_chains=2,
+               chain_method="vectorized").get_samples()["z"]
+    np.testing.assert_array_equal(typed, vec)
+
+
+def hyper_model(X):
+    mu0 = numpyro.sample("mu0", dist.Normal(0.0, 2.0))
+    z = numpyro.sample("z", bnp.Partition(bnp.PitmanYor(1.0, 0.2), X.shape[0]))
+    with numpyro.plate("clusters", 16):
+        rate = numpyro.sample("rate", dist.LogNormal(mu0, 1.0))
+    numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+
+def test_hyperprior_above_the_plate_by_nuts():
+    kernel = Gibbs([(bnp.AuxiliaryGibbs(hyper_model), ["z", "rate"]), (NUTS(hyper_model), ["mu0"])])
+    s = _run(kernel, jax.random.key(1)).get_samples()
+    assert set(s) == {"z", "rate", "mu0"} and np.isfinite(s["mu0"]).all()
+    assert len(np.unique(np.asarray(s["mu0"]))) > 1  # NUTS moved it
+
+
+def test_a_latent_site_outside_the_plate_is_named_with_the_fix():
+    with pytest.raises(ValueError, match=r"\['mu0'\].*numpyro.infer.Gibbs"):
+        _run(bnp.AuxiliaryGibbs(hyper_model), jax.random.key(0))
+
+
+def test_a_full_plate_raises_capacity_error_naming_it():
+    def small(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+        with numpyro.plate("slots", 1):
+            rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+        numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+    with pytest.raises(Exception, match="plate 'slots'"):
+        _run(bnp.AuxiliaryGibbs(small), jax.random.key(0))
+
+
+def _no_plate(X):
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+    numpyro.sample("X", dist.Poisson(rate * jnp.ones(X.shape[0]) + z), obs=X)
+
+
+def _conjugate(X):
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(), z), obs=X[:, None])
+
+
+def _nggp(X):
+    u = numpyro.sample("u", bnp.AuxiliaryU())
+    z = numpyro.sample("z", bnp.Partition(bnp.NGGP(1.0, 0.3), X.shape[0], u=u))
+    with numpyro.plate("clusters", 8):
+        rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+    numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (_no_plate, "one numpyro.plate"),
+    (_conjugate, "collapsed kernels"),
+    (_nggp, "DP and PitmanYor"),
+])
+def test_models_it_cannot_read_say_what_to_write(bad, message):
+    with pytest.raises(ValueError, match=message):
+        _run(bnp.AuxiliaryGibbs(bad), jax.random.key(0))
+
+
+def test_more_slots_than_points_beside_nuts_is_refused():
+    kernel = Gibbs([(bnp.AuxiliaryGibbs(model), ["z"]), (NUTS(model), ["rate"])])
+    with pytest.raises(ValueError, match="at most n = 5 slots"):
+        _run(kernel, jax.random.key(0), data=X[:5])
+
+
+def test_bad_settings_and_starts():
+    for kwargs in ({"num_param_steps": 0}, {"step_size": -1.0}, {"init_strategy": "singletons"},
+                   {"chain_batching": "pmap"}):
+        with pytest.raises(ValueError):
+            bnp.AuxiliaryGibbs(model, **kwargs)
+    with pytest.raises(ValueError, match="misspelt|init_params names"):
+        _run(bnp.AuxiliaryGibbs(model), jax.random.key(0), init_params={"rates": jnp.ones(32)})
+    with pytest.raises(ValueError, match="more clusters than plate|has 40 clusters"):
+        _run(bnp.AuxiliaryGibbs(model), jax.random.key(0), init_params={"z": jnp.arange(40)})
