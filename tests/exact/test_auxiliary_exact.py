@@ -100,21 +100,32 @@ def _mcmc_tv(model, X, parts, probs, num_samples, **kwargs):
     return total_variation(draws, parts, probs)
 
 
-@pytest.mark.parametrize("measure", [bnp.DP(1.0), bnp.PitmanYor(0.5, 0.4)], ids=["DP", "PitmanYor"])
-def test_poisson_lognormal_matches_enumeration(measure):
+@pytest.mark.parametrize("measure, moves", [
+    (bnp.DP(1.0), {"num_split_merge": 0}),  # the Gibbs sweep alone
+    (bnp.PitmanYor(0.5, 0.4), {}),  # the defaults: a sweep and splits and merges
+    (bnp.PitmanYor(0.5, 0.4), {"num_sweeps": 0, "num_split_merge": 10}),  # splits and merges alone
+], ids=["DP-sweep", "PitmanYor-default", "PitmanYor-split-merge"])
+def test_poisson_lognormal_matches_enumeration(measure, moves):
     parts, probs = _exact(POISSON_X, measure, _poisson_marginals())
-    tv = _mcmc_tv(_poisson_model(measure), POISSON_X, parts, probs, 4000)
+    tv = _mcmc_tv(_poisson_model(measure), POISSON_X, parts, probs, 4000, **moves)
     assert tv < TV_TOLERANCE, tv
 
 
-def test_power_wrong_concentration_and_wrong_empty_slot_weight(monkeypatch):
-    """The test detects a wrong target (DP(3) run against DP(1)'s posterior), and a sampler
-    that gives every empty slot the whole new-cluster weight (no ``1 / (C - K)``)."""
+def test_power_wrong_concentration_and_wrong_weights(monkeypatch):
+    """The test detects a wrong target (DP(3) run against DP(1)'s posterior), a sweep that
+    gives every empty slot the whole new-cluster weight (no ``1 / (C - K)``), and splits and
+    merges without the slot choices' ratio."""
     parts, probs = _exact(POISSON_X, bnp.DP(1.0), _poisson_marginals())
-    tv = _mcmc_tv(_poisson_model(bnp.DP(3.0)), POISSON_X, parts, probs, 2000)
+    tv = _mcmc_tv(_poisson_model(bnp.DP(3.0)), POISSON_X, parts, probs, 2000, num_split_merge=0)
     assert tv > TV_TOLERANCE, tv
-    monkeypatch.setattr(auxiliary, "empty_slot_log_weight", lambda log_new, free: log_new)
-    tv = _mcmc_tv(_poisson_model(bnp.DP(1.0)), POISSON_X, parts, probs, 2000)
+    with monkeypatch.context() as patch:
+        patch.setattr(auxiliary, "empty_slot_log_weight", lambda log_new, free: log_new)
+        tv = _mcmc_tv(_poisson_model(bnp.DP(1.0)), POISSON_X, parts, probs, 2000, num_split_merge=0)
+    assert tv > TV_TOLERANCE, tv
+    with monkeypatch.context() as patch:
+        patch.setattr(auxiliary, "split_choice_log_ratio", lambda k: 0.0 * k)
+        tv = _mcmc_tv(_poisson_model(bnp.DP(1.0)), POISSON_X, parts, probs, 2000, num_sweeps=0,
+                      num_split_merge=3)
     assert tv > TV_TOLERANCE, tv
 
 

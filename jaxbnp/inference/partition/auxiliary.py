@@ -18,7 +18,9 @@ One iteration of :func:`algorithm`'s ``step``:
    ``log f(x_i | theta_k)``: the model's likelihood site evaluated ``C`` times);
 3. the labels are drawn one point after another from Algorithm 8's weights on slots:
    ``(n_{-i,k} - d) f(x_i | theta_k)`` for an occupied slot, ``(alpha + d K_{-i}) / (C - K_{-i})
-   f(x_i | theta_j)`` for each empty one (only the counts are sequential);
+   f(x_i | theta_j)`` for each empty one (only the counts are sequential), ``num_sweeps``
+   times; then ``num_split_merge`` Metropolis-Hastings splits or merges given the same
+   parameters (:func:`split_merge`);
 4. the slots are renumbered in order of first appearance, their parameters with them (when
    the kernel owns every parameter site; under ``numpyro.infer.Gibbs`` with the parameters in
    another block the labels are slot indices, so the plate may have at most ``n`` slots);
@@ -57,7 +59,7 @@ from ..base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
 from .clusters import canonical_labels, raise_capacity_error_if
 
 __all__ = ["AuxiliaryGibbs", "AuxiliaryGibbsState", "ClusterModelSpec", "AuxiliaryState", "AuxiliaryInfo",
-           "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "empty_slot_log_weight", "slice_slots", "slot_order"]
+           "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "split_merge", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots", "slot_order"]
 
 
 # ----------------------------------------------------------------------------- reading the model
@@ -315,6 +317,60 @@ def label_sweep(key, labels, log_lik, measure, capacity: int):
     return new, overflow
 
 
+def _uniform_choice(key, mask):
+    """A uniformly chosen index among ``mask``'s true entries (any index if none)."""
+    return jnp.argmax(jnp.where(mask, jax.random.gumbel(key, mask.shape), -jnp.inf))
+
+
+def split_choice_log_ratio(k):
+    """``log`` of (choosing the merge back) / (choosing this split), slot choices only, for a
+    split of one of ``k`` clusters: ``log k - log((k + 1) k) = -log(k + 1)`` (the empty slot's
+    ``1 / (C - k)`` cancels against the target's slot placement; docs/mathematics.md §8)."""
+    return -jnp.log(k + 1.0)
+
+
+def split_merge(key, labels, log_lik, measure, capacity: int):
+    """One Metropolis-Hastings split or merge of clusters given every slot's parameters
+    (docs/mathematics.md §8, "Splits and merges"): ``(labels, accepted)``.
+
+    Split (probability 1/2): an occupied slot ``a`` and an empty slot ``b``, each uniformly;
+    each member of ``a`` moves to ``b`` with probability ``f_b / (f_a + f_b)`` (its
+    likelihoods under the two slots' parameters, rows of ``log_lik``); a proposal that moves
+    none or all of them is rejected. Merge: an ordered pair of occupied slots, uniformly; the
+    members of ``b`` join ``a``. The parameters do not change (the empty slot's are a prior
+    draw, part of the state), so the ratio is the EPPF's, the likelihood's and the proposal's:
+    ``log r = Δ log p(Π) + Δ log f - log K_split - Σ log q_i`` for a split into ``K_split``
+    clusters, its negative for the merge back."""
+    n = labels.shape[0]
+    k_type, k_a, k_b, k_alloc, k_acc = jax.random.split(key, 5)
+    counts = jnp.zeros(capacity, jnp.int32).at[labels].add(1)
+    occupied = counts > 0
+    k = jnp.sum(occupied)
+    split = jax.random.uniform(k_type) < 0.5
+    a = _uniform_choice(k_a, occupied)
+    b = jnp.where(split, _uniform_choice(k_b, ~occupied), _uniform_choice(k_b, occupied & (jnp.arange(capacity) != a)))
+    la, lb = log_lik[:, a], log_lik[:, b]
+    norm = jnp.logaddexp(la, lb)
+    log_qa, log_qb = la - norm, lb - norm
+    in_a, in_b = labels == a, labels == b
+    go_b = in_a & (jax.random.uniform(k_alloc, (n,), la.dtype) < jnp.exp(log_qb))
+    moved = jnp.sum(go_b)
+    # split: members of a that go to b; merge: members of b that join a
+    new = jnp.where(split, jnp.where(go_b, b, labels), jnp.where(in_b, a, labels)).astype(labels.dtype)
+    new_counts = jnp.zeros(capacity, jnp.int32).at[new].add(1)
+    d_eppf = measure.log_eppf(new_counts) - measure.log_eppf(counts)
+    split_alloc = jnp.sum(jnp.where(in_a, jnp.where(go_b, log_qb, log_qa), 0.0))
+    merge_alloc = jnp.sum(jnp.where(in_a | in_b, jnp.where(in_b, log_qb, log_qa), 0.0))
+    log_r = jnp.where(
+        split,
+        d_eppf + jnp.sum(jnp.where(go_b, lb - la, 0.0)) + split_choice_log_ratio(k) - split_alloc,
+        d_eppf + jnp.sum(jnp.where(in_b, la - lb, 0.0)) - split_choice_log_ratio(k - 1) + merge_alloc,
+    )
+    valid = jnp.where(split, (k < capacity) & (moved > 0) & (moved < counts[a]), k >= 2)
+    accept = valid & (jnp.log(jax.random.uniform(k_acc, (), la.dtype, minval=1e-30)) < log_r)
+    return jnp.where(accept, new, labels), accept
+
+
 def slot_order(labels, capacity: int):
     """``(order, new_labels)``: slots in order of first appearance (empty slots after, in
     their order) and the labels renumbered to match."""
@@ -399,10 +455,12 @@ class AuxiliaryState(NamedTuple):
 class AuxiliaryInfo(NamedTuple):
     num_clusters: jax.Array
     log_joint: jax.Array
+    num_accepted: jax.Array  # splits and merges accepted
 
 
 def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwargs=None, *,
-              num_param_steps: int = 1, step_size: float = 1.0) -> SamplingAlgorithm:
+              num_sweeps: int = 1, num_split_merge: int = 0, num_param_steps: int = 1,
+              step_size: float = 1.0) -> SamplingAlgorithm:
     """Algorithm 8 on slots for ``model`` (module docstring) as ``init(key, labels, params)``,
     ``step(key, state)``; ``spec`` from :func:`find_cluster_spec`, the model's values (data,
     conditioned sites) read from ``model_args``/``model_kwargs`` at every step."""
@@ -439,8 +497,23 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
                 axis = spec.slot_axis(name)
                 keep = occupied.reshape((-1,) + (1,) * (params[name].ndim - axis - 1))
                 params[name] = jnp.where(keep, params[name], fresh[name]["value"])
-        # 2-3. every point against every slot, then the labels one point at a time
-        labels, overflow = label_sweep(k_labels, labels, m.log_lik_matrix(params), measure, capacity)
+        # 2-3. every point against every slot, then the labels one point at a time, then
+        # splits and merges given the same parameters
+        log_lik = m.log_lik_matrix(params)
+        overflow = jnp.zeros((), bool)
+        k_sweeps, k_moves = jax.random.split(k_labels)
+        for k in jax.random.split(k_sweeps, num_sweeps) if num_sweeps else ():
+            labels, full = label_sweep(k, labels, log_lik, measure, capacity)
+            overflow = overflow | full
+        if num_split_merge:
+            def move(i, carry):
+                labels, accepted = carry
+                labels, ok = split_merge(jax.random.fold_in(k_moves, i), labels, log_lik, measure, capacity)
+                return labels, accepted + ok
+
+            labels, accepted = lax.fori_loop(0, num_split_merge, move, (labels, jnp.zeros((), jnp.int32)))
+        else:
+            accepted = jnp.zeros((), jnp.int32)
         # 4. slots in order of first appearance
         labels, params = renumber(labels, params)
         # 5. the parameters, all slots at once
@@ -462,20 +535,26 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
             params.update(_unflatten(layout, spec, x)[0])
         num_clusters = jnp.sum(jnp.zeros(capacity, jnp.int32).at[labels].add(1) > 0)
         new = AuxiliaryState(labels, params, state.overflow | overflow)
-        return new, AuxiliaryInfo(num_clusters.astype(jnp.int32), log_joint(labels, params))
+        return new, AuxiliaryInfo(num_clusters.astype(jnp.int32), log_joint(labels, params), accepted)
 
     return SamplingAlgorithm(init, step)
 
 
 # ----------------------------------------------------------------------------- the NumPyro kernel
+#: split or merge proposals per iteration by default (each is one pass over the points)
+DEFAULT_SPLIT_MERGE = 10
+
+
 class AuxiliaryGibbsState(NamedTuple):
     """z: the kernel's sites by name (the partition, the cluster parameters it owns);
-    log_joint: ``log p(X, Pi, theta)`` after the step; num_clusters: ``K``; overflow: sticky."""
+    log_joint: ``log p(X, Pi, theta)`` after the step; num_clusters: ``K``; num_accepted: splits
+    and merges accepted in the step; overflow: sticky."""
 
     z: dict
     params: dict
     log_joint: jax.Array
     num_clusters: jax.Array
+    num_accepted: jax.Array
     overflow: jax.Array
     rng_key: jax.Array
 
@@ -495,6 +574,10 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
     :param model: a NumPyro model with one latent ``Partition`` site (``DP`` or
         ``PitmanYor``), its cluster parameters in one ``numpyro.plate`` over slots, and one
         observed site with a log density per point that indexes them by the partition.
+    :param num_sweeps: Gibbs sweeps of the labels per iteration (Algorithm 8; 0: none).
+    :param num_split_merge: split or merge proposals per iteration, after the sweeps, given the
+        same parameters (:func:`split_merge`): they move many points at once where single
+        points cannot (a large cluster that holds two groups).
     :param num_param_steps: slice-sampling steps of the cluster parameters per iteration.
     :param step_size: the slice sampler's initial interval, in the parameters' unconstrained
         coordinates (stepped out up to 8 times, then shrunk: any value is exact).
@@ -510,12 +593,17 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
     sample_field = "z"
     chains_in_threads = True
 
-    def __init__(self, model: Callable, *, num_param_steps: int = 1, step_size: float = 1.0,
-                 init_strategy: str = "one", chain_batching: str = "auto"):
+    def __init__(self, model: Callable, *, num_sweeps: int = 1, num_split_merge: int = DEFAULT_SPLIT_MERGE,
+                 num_param_steps: int = 1, step_size: float = 1.0, init_strategy: str = "one",
+                 chain_batching: str = "auto"):
         if not callable(model):
             raise ValueError("AuxiliaryGibbs(model): model must be a NumPyro model function.")
-        if isinstance(num_param_steps, bool) or int(num_param_steps) != num_param_steps or num_param_steps < 1:
-            raise ValueError(f"num_param_steps must be a positive integer, got {num_param_steps!r}.")
+        for name, value, low in (("num_sweeps", num_sweeps, 0), ("num_split_merge", num_split_merge, 0),
+                                 ("num_param_steps", num_param_steps, 1)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
+        if num_sweeps == 0 and num_split_merge == 0:
+            raise ValueError("num_sweeps and num_split_merge are both 0: the labels would never move.")
         if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
             raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
         if init_strategy not in ("one", "prior"):
@@ -523,6 +611,7 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         if chain_batching not in CHAIN_BATCHING:
             raise ValueError(f"chain_batching must be one of {CHAIN_BATCHING}, got {chain_batching!r}.")
         self._model = model
+        self._num_sweeps, self._num_split_merge = int(num_sweeps), int(num_split_merge)
         self._num_param_steps = int(num_param_steps)
         self._step_size = float(step_size)
         self._init_strategy = init_strategy
@@ -551,8 +640,9 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
             del self._reading
 
     def _algorithm(self, spec, model_args, model_kwargs):
-        return algorithm(self._model, spec, model_args, model_kwargs,
-                         num_param_steps=self._num_param_steps, step_size=self._step_size)
+        return algorithm(self._model, spec, model_args, model_kwargs, num_sweeps=self._num_sweeps,
+                         num_split_merge=self._num_split_merge, num_param_steps=self._num_param_steps,
+                         step_size=self._step_size)
 
     def _check_init(self, init_params, spec):
         labels = init_params.get(spec.partition_site)
@@ -629,7 +719,8 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
               + tr[spec.partition_site]["fn"].log_prob(state.labels))
         k = jnp.sum(jnp.zeros(spec.capacity, jnp.int32).at[state.labels].add(1) > 0).astype(jnp.int32)
         z = {spec.partition_site: state.labels, **{n: state.params[n] for n in spec.owned_params}}
-        return AuxiliaryGibbsState(z, dict(state.params), lj, k, state.overflow | overflow, key)
+        return AuxiliaryGibbsState(z, dict(state.params), lj, k, jnp.zeros((), jnp.int32),
+                                   state.overflow | overflow, key)
 
     def _sample_one(self, spec, s: AuxiliaryGibbsState, args, kwargs):
         key, k_step = jax.random.split(s.rng_key)
@@ -643,7 +734,8 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         raise_capacity_error_if(new.overflow, spec.capacity,
                                 f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)")
         z = {spec.partition_site: new.labels, **{n: new.params[n] for n in spec.owned_params}}
-        return AuxiliaryGibbsState(z, new.params, info.log_joint, info.num_clusters, new.overflow, key)
+        return AuxiliaryGibbsState(z, new.params, info.log_joint, info.num_clusters, info.num_accepted,
+                                   new.overflow, key)
 
     def sample(self, state, model_args, model_kwargs):
         return self._sample_fn(state, model_args, model_kwargs)
@@ -657,7 +749,8 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
             tr = trace_model(self._model, dict(s.z), model_args, model_kwargs)
             params = {name: tr[name]["value"] for name in spec.param_sites}
             state = AuxiliaryState(s.z[spec.partition_site], params, s.overflow)
-            return self._kernel_state(spec, state, s.rng_key, model_args, model_kwargs, s.overflow)
+            return self._kernel_state(spec, state, s.rng_key, model_args, model_kwargs,
+                                      s.overflow)._replace(num_accepted=s.num_accepted)
 
         if jnp.ndim(state.log_joint):
             return run_chains(one, state, in_axes=(0,), how="vmap")
