@@ -49,6 +49,7 @@ from jax import lax
 from numpyro.distributions.transforms import biject_to
 from numpyro.util import is_prng_key
 
+from ..._cache import auto_enable
 from ..._programs import call_cached
 from ..._random import typed_key
 from ..._validation import check_labels
@@ -657,7 +658,8 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
                                  f"'{spec.plate}' has {spec.capacity} slots.")
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        rng_key = typed_key(rng_key)
+        rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
+        auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         init_params = dict(init_params or {})
         _, spec = self.read_model(init_params, model_args, model_kwargs)
         self._spec = spec
@@ -731,8 +733,9 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         alg = self._algorithm(spec, args, kwargs)
         state = AuxiliaryState(s.z[spec.partition_site], params, s.overflow)
         new, info = alg.step(k_step, state)
-        raise_capacity_error_if(new.overflow, spec.capacity,
-                                f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)")
+        if spec.capacity < spec.num_points:  # else a free slot always exists: no host callback
+            raise_capacity_error_if(new.overflow, spec.capacity,
+                                    f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)")
         z = {spec.partition_site: new.labels, **{n: new.params[n] for n in spec.owned_params}}
         return AuxiliaryGibbsState(z, new.params, info.log_joint, info.num_clusters, info.num_accepted,
                                    new.overflow, key)
