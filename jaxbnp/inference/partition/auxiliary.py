@@ -588,7 +588,8 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
 
     The plate's size is the number of slots: a point that finds them all occupied raises
     ``CapacityError`` (enlarge the plate). Cluster parameters missing from ``init_params``
-    start from a prior draw. Extra fields ``"log_joint"`` and ``"num_clusters"``.
+    start from a prior draw. Extra fields ``"log_joint"``, ``"num_clusters"`` and
+    ``"num_accepted"`` (splits and merges accepted in the iteration).
     """
 
     sample_field = "z"
