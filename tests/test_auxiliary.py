@@ -131,3 +131,25 @@ def test_bad_settings_and_starts():
         _run(bnp.AuxiliaryGibbs(model), jax.random.key(0), init_params={"rates": jnp.ones(32)})
     with pytest.raises(ValueError, match="more clusters than plate|has 40 clusters"):
         _run(bnp.AuxiliaryGibbs(model), jax.random.key(0), init_params={"z": jnp.arange(40)})
+
+
+def test_arviz_sees_the_parameters_by_cluster():
+    """``arviz.from_numpyro`` (the posterior, the pointwise log likelihood) and
+    ``bnp.diagnostics.to_arviz`` (with the extra fields): the parameters come slot by slot in
+    the clusters' first-appearance order, so ``rate[..., 0]`` is the first point's cluster's."""
+    import warnings
+
+    mcmc = _run(bnp.AuxiliaryGibbs(model), jax.random.key(2), num_chains=2, chain_method="vectorized")
+    idata = bnp.diagnostics.to_arviz(mcmc)
+    assert idata.posterior["rate"].shape == (2, 30, 32)
+    assert idata.sample_stats["num_clusters"].shape == (2, 30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        import arviz
+
+        full = arviz.from_numpyro(mcmc)
+    assert full.log_likelihood["X"].shape == (2, 30, 40)
+    z = np.asarray(full.posterior["z"])
+    assert (z[..., 0] == 0).all()  # first appearance: the first point is always in cluster 0
+    rate0 = np.asarray(full.posterior["rate"])[..., 0]
+    assert np.all(rate0 < 8)  # the first point is a Poisson(2) count: its cluster's rate is low
