@@ -153,3 +153,27 @@ def test_arviz_sees_the_parameters_by_cluster():
     assert (z[..., 0] == 0).all()  # first appearance: the first point is always in cluster 0
     rate0 = np.asarray(full.posterior["rate"])[..., 0]
     assert np.all(rate0 < 8)  # the first point is a Poisson(2) count: its cluster's rate is low
+
+
+def test_a_prior_start_and_a_plate_of_n_slots_without_a_host_callback(monkeypatch):
+    """``init_strategy="prior"`` starts from a draw of the partition prior; with at least n
+    slots a free slot always exists, so the program holds no overflow callback (counted)."""
+    from jaxbnp.inference.partition import auxiliary
+
+    calls = []
+    monkeypatch.setattr(auxiliary, "raise_capacity_error_if", lambda *a, **k: calls.append(a))
+
+    def roomy(X, slots):
+        z = numpyro.sample("z", bnp.Partition(bnp.PitmanYor(1.0, 0.3), X.shape[0]))
+        with numpyro.plate("clusters", slots):
+            rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+        numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+    mcmc = MCMC(bnp.AuxiliaryGibbs(roomy, init_strategy="prior"), num_warmup=0, num_samples=5,
+                progress_bar=False)
+    mcmc.run(jax.random.key(4), X, X.shape[0], extra_fields=("num_clusters",))
+    assert mcmc.get_extra_fields()["num_clusters"][0] > 1  # the prior's draw, one sweep on
+    assert calls == []
+    mcmc = MCMC(bnp.AuxiliaryGibbs(roomy), num_warmup=0, num_samples=1, progress_bar=False)
+    mcmc.run(jax.random.key(4), X, X.shape[0] - 1)  # the power check: one slot fewer
+    assert calls
