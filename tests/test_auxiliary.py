@@ -49,11 +49,13 @@ def test_the_issue_model_runs_and_finds_the_two_groups():
 
 
 def test_chain_methods_give_the_same_draws():
-    """Sequential and vectorized chains (the key types: tests/test_keys.py)."""
-    typed = _run(bnp.AuxiliaryGibbs(model), jax.random.key(3), num_chains=2).get_samples()["z"]
-    vec = _run(bnp.AuxiliaryGibbs(model), jax.random.key(3), num_chains=2,
-               chain_method="vectorized").get_samples()["z"]
-    np.testing.assert_array_equal(typed, vec)
+    """Sequential, vectorized and parallel chains (the suite's 4 host devices; a traced
+    start) give the same draws (the key types: tests/test_keys.py)."""
+    seq = _run(bnp.AuxiliaryGibbs(model), jax.random.key(3), num_chains=2).get_samples()["z"]
+    for method in ("vectorized", "parallel"):
+        other = _run(bnp.AuxiliaryGibbs(model), jax.random.key(3), num_chains=2,
+                     chain_method=method).get_samples()["z"]
+        np.testing.assert_array_equal(seq, other)
 
 
 def hyper_model(X):

@@ -700,7 +700,8 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         else:
             state = call_cached(self, "init", static, init_one, rng_key, init_params,
                                 model_args=model_args, model_kwargs=model_kwargs)
-        if bool(np.any(np.asarray(state.overflow))):
+        # traced (chain_method="parallel"): the flag is sticky, the first step raises on it
+        if not isinstance(state.overflow, jax.core.Tracer) and bool(np.any(np.asarray(state.overflow))):
             raise ValueError(f"{owner}: the first partition has more clusters than plate "
                              f"'{spec.plate}' has slots ({spec.capacity}); enlarge the plate.")
         how = self._chain_batching
