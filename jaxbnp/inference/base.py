@@ -14,6 +14,8 @@ shapes and dtypes, so chains are ``jax.vmap`` over both functions and a run is a
 * :func:`jaxbnp.inference.partition.moves.algorithm`: any composed partition move
   (collapsed Gibbs, split-merge, tgMCMC's moves, a user's ``chain``);
 * :func:`jaxbnp.inference.partition.subcluster.algorithm`: sub-cluster split/merge;
+* :func:`jaxbnp.inference.partition.auxiliary.algorithm`: Neal's Algorithm 8 on the slots of
+  a cluster plate, for any NumPyro likelihood (``AuxiliaryGibbs``);
 * :func:`jaxbnp.inference.trees.mcmc.algorithm`: one diffusion-tree chain;
 * :func:`jaxbnp.inference.trees.population.algorithm`: population MCMC over trees;
 * :func:`jaxbnp.inference.bhmc.sweep.algorithm`: BHMC's Algorithm 2;
@@ -26,6 +28,7 @@ measure, family, hyperparameters that NUTS may have moved), build the sampler's
 algorithm with them (free under tracing: a closure) and take its ``step``. The partition
 kernels (``CollapsedGibbs``, ``SplitMerge``, ``TreeGuidedMCMC``, ``SubClusterMCMC``,
 ``PartitionKernel``) through :func:`~jaxbnp.inference.partition.moves.algorithm`,
+``AuxiliaryGibbs`` through :func:`~jaxbnp.inference.partition.auxiliary.algorithm`,
 ``DiffusionTreeMCMC`` and ``PopulationDDT``'s within-chain sweeps through
 :func:`~jaxbnp.inference.trees.mcmc.algorithm`, ``BHMCKernel`` through
 :func:`~jaxbnp.inference.bhmc.sweep.algorithm`; any other algorithm runs through
