@@ -95,6 +95,13 @@ def _no_plate(X):
     numpyro.sample("X", dist.Poisson(rate * jnp.ones(X.shape[0]) + z), obs=X)
 
 
+def _two_plates(X):
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    with numpyro.plate("features", 2, dim=-1), numpyro.plate("clusters", 8, dim=-2):
+        rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+    numpyro.sample("X", dist.Poisson(rate[z].sum(-1)), obs=X)
+
+
 def _conjugate(X):
     z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
     numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(), z), obs=X[:, None])
@@ -110,6 +117,7 @@ def _nggp(X):
 
 @pytest.mark.parametrize("bad, message", [
     (_no_plate, "one numpyro.plate"),
+    (_two_plates, "to_event"),
     (_conjugate, "collapsed kernels"),
     (_nggp, "DP and PitmanYor"),
 ])

@@ -156,7 +156,8 @@ def find_cluster_spec(model_trace, owner: str, depends: Callable | None = None) 
     plates = {f for name, s in sites.items() if name != lik for f in _frames(s) if f not in lik_frames}
     if len(plates) != 1:
         raise ValueError(f"{owner} needs the cluster parameters in one numpyro.plate over the slots, "
-                         f"{_EXAMPLE}; found plates {sorted(plates)}.")
+                         f"{_EXAMPLE}; found plates {sorted(plates)}. A vector parameter is one site "
+                         "with .to_event(1), not a second plate.")
     plate = plates.pop()
     params, axes = [], []
     for name, s in sites.items():
