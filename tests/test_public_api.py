@@ -12,6 +12,8 @@ REQUIRED = [
     "fit_subcluster_chunked",
     # composing moves (docs/design.md) and the shared model
     "PartitionKernel", "moves", "BHMCKernel", "mixture_model",
+    # any NumPyro likelihood (issue #40)
+    "AuxiliaryGibbs",
 ]
 
 

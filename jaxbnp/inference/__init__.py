@@ -1,7 +1,8 @@
 """How to fit the models, one subpackage per capability:
 
 - ``partition``: one partition of the data (cluster state, collapsed Gibbs,
-  split-merge, sub-cluster split/merge, MAP-DP) and their NumPyro kernels;
+  split-merge, sub-cluster split/merge, MAP-DP, Algorithm 8 for any likelihood on a
+  cluster plate) and their NumPyro kernels;
 - ``tgmcmc``: tree-guided MCMC over IBHC trees;
 - ``trees``: Dirichlet diffusion trees, within-chain and population MCMC;
 - ``bhmc``: the nested CRP with multilevel HDP mixtures;
