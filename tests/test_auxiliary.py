@@ -187,3 +187,17 @@ def test_a_prior_start_and_a_plate_of_n_slots_without_a_host_callback(monkeypatc
     mcmc = MCMC(bnp.AuxiliaryGibbs(roomy), num_warmup=0, num_samples=1, progress_bar=False)
     mcmc.run(jax.random.key(4), X, X.shape[0] - 1)  # the power check: one slot fewer
     assert calls
+
+
+def test_a_data_plate_around_the_likelihood():
+    """NumPyro's usual ``numpyro.plate("data", n)`` around the likelihood is read the same way."""
+
+    def plated(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+        with numpyro.plate("clusters", 32):
+            rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+    z = np.asarray(_run(bnp.AuxiliaryGibbs(plated), jax.random.key(0)).get_samples()["z"][-1])
+    assert len(set(z[:20]) & set(z[20:])) == 0
