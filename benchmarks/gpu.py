@@ -18,6 +18,9 @@ sizes on whatever device JAX has, for the suite):
 * ``chains``: ``CollapsedGibbs``, ``SplitMerge`` and ``SubClusterMCMC`` with 1, 64 and
   1,024 vectorised chains on 500 points: seconds per iteration and chain-iterations/s.
 * ``ddt``: ``PopulationDDT`` with 2, 8 and 64 chains on 32 points.
+* ``auxiliary``: ``AuxiliaryGibbs`` (issue #40) on Poisson counts from 6 clusters, 10^4 and
+  10^5 points, a plate of 32 slots, 20 iterations: its label sweep is a scan over the points,
+  so this is the sequential part's cost on the device.
 
 Compilation is reported apart: "first" is the first run of a shape (trace + compile +
 run), "second" a run of the same shape with the programs reused. The persistent cache is
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from harness import REPO_ROOT, git_state, utc_now
 
-PARTS = ("env", "gibbs", "mapdp", "subcluster", "chains", "ddt")
+PARTS = ("env", "gibbs", "mapdp", "subcluster", "chains", "ddt", "auxiliary")
 
 
 def _emit(out: Path, part: str, row: dict) -> None:
@@ -229,6 +232,42 @@ def part_ddt(out: Path, dry: bool) -> None:
         _emit(out, "ddt", {"n": n, "chains": chains, "iterations": iters, "first_s": t_first,
                            "second_s": t_second, "s_per_iteration": t_second / iters,
                            "chain_iterations_per_s": chains * iters / t_second})
+
+
+def part_auxiliary(out: Path, dry: bool) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC
+
+    import jaxbnp as bnp
+
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+        with numpyro.plate("clusters", 32):
+            rate = numpyro.sample("rate", dist.LogNormal(2.0, 1.5))
+        numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+    iters = 3 if dry else 20
+    for n in ([500] if dry else [10_000, 100_000]):
+        rng = np.random.default_rng(0)
+        rates = np.exp(rng.normal(2.0, 1.5, 6))
+        y = rng.integers(0, 6, n)
+        X = jnp.asarray(rng.poisson(rates[y]).astype(np.float32))
+        mcmc = MCMC(bnp.AuxiliaryGibbs(model), num_warmup=0, num_samples=iters, progress_bar=True,
+                    jit_model_args=True)
+
+        def go(seed):
+            mcmc.run(jax.random.key(seed), X)
+            return jax.block_until_ready(mcmc.get_samples())
+
+        _, t_first = _timed(lambda: go(0))
+        samples, t_second = _timed(lambda: go(1))
+        _emit(out, "auxiliary", {"n": n, "slots": 32, "iterations": iters, "first_s": t_first,
+                                 "second_s": t_second, "s_per_iteration": t_second / iters,
+                                 "nmi": _nmi(y, np.asarray(samples["z"][-1]))})
 
 
 def report(out: Path) -> None:

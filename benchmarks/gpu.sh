@@ -10,7 +10,7 @@
 #    pip install "jax[cuda12]". The library itself runs from the checkout (PYTHONPATH).
 # 2. Check: jax.devices() must list a GPU (not in --dry-run).
 # 3. Parts, each under its own cap (timeout), in this order: env, gibbs, mapdp,
-#    subcluster, chains, ddt. Each part writes its rows as it measures them
+#    subcluster, chains, ddt, auxiliary. Each part writes its rows as it measures them
 #    (DIR/<part>.jsonl), so a part stopped at its cap keeps the sizes it reached.
 # 4. Report: DIR/gpu.md and DIR/gpu.json; the log is DIR/gpu.log.
 #
@@ -41,12 +41,12 @@ export JAXBNP_CACHE_DIR="$(mktemp -d)"  # an empty persistent cache: "first" is 
 if [ "$DRY" = 1 ]; then
   export JAX_PLATFORMS=cpu
   PY="${PYTHON:-python}"
-  CAPS="env:20 gibbs:60 mapdp:60 subcluster:60 chains:60 ddt:60"
+  CAPS="env:20 gibbs:60 mapdp:60 subcluster:60 chains:60 ddt:60 auxiliary:60"
   DRYFLAG=--dry-run
 else
   DRYFLAG=
   # part caps in seconds: 6.5 minutes of benchmarks, leaving 1.5 for installs and report
-  CAPS="env:20 gibbs:40 mapdp:90 subcluster:90 chains:90 ddt:60"
+  CAPS="env:20 gibbs:40 mapdp:75 subcluster:85 chains:80 ddt:60 auxiliary:30"
   if [ -d "$REPO/.whl" ] && ls "$REPO"/.whl/*.whl >/dev/null 2>&1; then
     say "installing the carried wheels ($(ls "$REPO"/.whl/*.whl | wc -l))"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -23,7 +23,7 @@ def test_gpu_script_dry_run(tmp_path):
     assert "stopped at its cap" not in log, log[-3000:]
     rows = json.loads((tmp_path / "gpu.json").read_text())
     assert rows["env"][0]["dry_run"] is True and rows["env"][0]["backend"] == "cpu"
-    for part in ("gibbs", "mapdp", "subcluster", "chains", "ddt"):
+    for part in ("gibbs", "mapdp", "subcluster", "chains", "ddt", "auxiliary"):
         assert rows[part], f"part {part} wrote no row"
         for row in rows[part]:
             assert row["first_s"] > 0 and row["second_s"] > 0
