@@ -57,10 +57,10 @@ from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ...models.measures import DP, PitmanYor
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 from ..base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
-from .clusters import canonical_labels, raise_capacity_error_if
+from .clusters import canonical_labels, raise_capacity_error_if, slot_order
 
 __all__ = ["AuxiliaryGibbs", "AuxiliaryGibbsState", "ClusterModelSpec", "AuxiliaryState", "AuxiliaryInfo",
-           "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "split_merge", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots", "slot_order"]
+           "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "split_merge", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots"]
 
 
 # ----------------------------------------------------------------------------- reading the model
@@ -371,17 +371,6 @@ def split_merge(key, labels, log_lik, measure, capacity: int):
     valid = jnp.where(split, (k < capacity) & (moved > 0) & (moved < counts[a]), k >= 2)
     accept = valid & (jnp.log(jax.random.uniform(k_acc, (), la.dtype, minval=1e-30)) < log_r)
     return jnp.where(accept, new, labels), accept
-
-
-def slot_order(labels, capacity: int):
-    """``(order, new_labels)``: slots in order of first appearance (empty slots after, in
-    their order) and the labels renumbered to match."""
-    n = labels.shape[0]
-    first = jax.ops.segment_min(jnp.arange(n), labels, num_segments=capacity)
-    first = jnp.where(jnp.zeros(capacity, jnp.int32).at[labels].add(1) > 0, first, n + jnp.arange(capacity))
-    order = jnp.argsort(first)
-    rank = jnp.argsort(order)
-    return order, rank[labels].astype(jnp.int32)
 
 
 def slice_slots(key, log_density: Callable, x0, lp0, width, max_steps_out: int = 8,

@@ -35,6 +35,7 @@ __all__ = [
     "compact_labels",
     "PartitionState",
     "canonical_labels",
+    "slot_order",
     "first_free_slot",
     "cluster_log_joint",
     "log_joint_of_sums",
@@ -154,12 +155,19 @@ def first_free_slot(counts: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.argmax(free), jnp.any(free)
 
 
-def canonical_labels(labels: jax.Array, capacity: int) -> jax.Array:
-    """Relabel slots to ``0..K-1`` in order of first appearance (jit-compatible)."""
+def slot_order(labels: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
+    """``(order, new_labels)``: the slots in order of first appearance (empty slots after, in
+    their own order: their first appearance is the largest integer, and the sort is stable)
+    and the labels renumbered to match (jit-compatible)."""
     n = labels.shape[-1]
     first = jax.ops.segment_min(jnp.arange(n), labels, num_segments=capacity)
-    rank = jnp.argsort(jnp.argsort(first))
-    return rank[labels].astype(jnp.int32)
+    order = jnp.argsort(first)
+    return order, jnp.argsort(order)[labels].astype(jnp.int32)
+
+
+def canonical_labels(labels: jax.Array, capacity: int) -> jax.Array:
+    """Relabel slots to ``0..K-1`` in order of first appearance (jit-compatible)."""
+    return slot_order(labels, capacity)[1]
 
 
 def _raise_overflow(flag, capacity, hint=None):
