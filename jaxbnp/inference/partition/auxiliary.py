@@ -53,14 +53,15 @@ from ..._cache import auto_enable
 from ..._programs import call_cached
 from ..._random import typed_key
 from ..._validation import check_labels
-from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
+from ...models.distributions import ConjugateMixture, Partition
 from ...models.measures import DP, PitmanYor
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 from ..base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
 from .clusters import canonical_labels, raise_capacity_error_if, slot_order
+from .kernels import fill_partition_site
 
 __all__ = ["AuxiliaryGibbs", "AuxiliaryGibbsState", "ClusterModelSpec", "AuxiliaryState", "AuxiliaryInfo",
-           "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "split_merge", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots"]
+           "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "slot_counts", "split_merge", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots"]
 
 
 # ----------------------------------------------------------------------------- reading the model
@@ -234,6 +235,18 @@ class _Model:
             out[name] = jnp.broadcast_to(jnp.take(v, jnp.array([k]), axis=axis), v.shape)
         return out
 
+    def log_joint(self, labels, params) -> jax.Array:
+        """``log p(X, Pi, theta)``: the likelihood, every slot's prior and the partition's."""
+        tr = self.trace(labels, params)
+        return (self.point_log_lik(tr).sum() + self.slot_log_prior(tr, self.spec.param_sites).sum()
+                + tr[self.spec.partition_site]["fn"].log_prob(labels))
+
+    def params(self, z) -> dict:
+        """Every param site's value with the sites in ``z`` substituted (the others, e.g.
+        conditioned by another ``numpyro.infer.Gibbs`` block, at their current values)."""
+        tr = trace_model(self.model, z, self.args, self.kwargs)
+        return {name: tr[name]["value"] for name in self.spec.param_sites}
+
     def log_lik_matrix(self, params) -> jax.Array:
         """``log f(x_i | theta_k)`` for every point and slot, ``(n, C)``: the likelihood site
         with every slot set to slot ``k``'s parameters and every label 0, for each ``k``."""
@@ -289,6 +302,11 @@ def _unflatten(layout: _Flat, spec, x):
 
 
 # ----------------------------------------------------------------------------- the moves
+def slot_counts(labels, capacity: int) -> jax.Array:
+    """Points per slot, ``(capacity,)`` int32."""
+    return jnp.zeros(capacity, jnp.int32).at[labels].add(1)
+
+
 def empty_slot_log_weight(log_new, free):
     """Log weight of each of the ``free`` empty slots: the measure's new-cluster weight shared
     among them (docs/mathematics.md §8: the uniform placement of clusters in slots)."""
@@ -303,7 +321,7 @@ def label_sweep(key, labels, log_lik, measure, capacity: int):
     slot occupied (the plate would need one more)."""
     n = labels.shape[0]
     gumbel = jax.random.gumbel(key, (n, capacity), log_lik.dtype)
-    counts = jnp.zeros(capacity, jnp.int32).at[labels].add(1)
+    counts = slot_counts(labels, capacity)
 
     def one(carry, xs):
         counts, overflow = carry
@@ -345,7 +363,7 @@ def split_merge(key, labels, log_lik, measure, capacity: int):
     clusters, its negative for the merge back."""
     n = labels.shape[0]
     k_type, k_a, k_b, k_alloc, k_acc = jax.random.split(key, 5)
-    counts = jnp.zeros(capacity, jnp.int32).at[labels].add(1)
+    counts = slot_counts(labels, capacity)
     occupied = counts > 0
     k = jnp.sum(occupied)
     split = jax.random.uniform(k_type) < 0.5
@@ -359,7 +377,7 @@ def split_merge(key, labels, log_lik, measure, capacity: int):
     moved = jnp.sum(go_b)
     # split: members of a that go to b; merge: members of b that join a
     new = jnp.where(split, jnp.where(go_b, b, labels), jnp.where(in_b, a, labels)).astype(labels.dtype)
-    new_counts = jnp.zeros(capacity, jnp.int32).at[new].add(1)
+    new_counts = slot_counts(new, capacity)
     d_eppf = measure.log_eppf(new_counts) - measure.log_eppf(counts)
     split_alloc = jnp.sum(jnp.where(in_a, jnp.where(go_b, log_qb, log_qa), 0.0))
     merge_alloc = jnp.sum(jnp.where(in_a | in_b, jnp.where(in_b, log_qb, log_qa), 0.0))
@@ -465,12 +483,6 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
         params = {name: jnp.take(v, order, axis=spec.slot_axis(name)) for name, v in params.items()}
         return labels, params
 
-    def log_joint(labels, params):
-        tr = m.trace(labels, params)
-        total = m.point_log_lik(tr).sum() + m.slot_log_prior(tr, spec.param_sites).sum()
-        p = tr[spec.partition_site]
-        return total + p["fn"].log_prob(labels)
-
     def init(key, labels, params):
         labels, params = renumber(jnp.asarray(labels, jnp.int32), params)
         return AuxiliaryState(labels, params, jnp.zeros((), bool))
@@ -479,7 +491,7 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
         k_fresh, k_labels, k_params = jax.random.split(key, 3)
         labels, params = state.labels, dict(state.params)
         measure = m.trace(labels, params)[spec.partition_site]["fn"].measure
-        occupied = jnp.zeros(capacity, jnp.int32).at[labels].add(1) > 0
+        occupied = slot_counts(labels, capacity) > 0
         if spec.owned_params:
             # 1. empty slots: fresh prior draws (the model traced without their values)
             others = {k: v for k, v in params.items() if k not in spec.owned_params}
@@ -524,9 +536,9 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
             for k in jax.random.split(k_params, num_param_steps):
                 x, lp = slice_slots(k, log_density, x, lp, step_size)
             params.update(_unflatten(layout, spec, x)[0])
-        num_clusters = jnp.sum(jnp.zeros(capacity, jnp.int32).at[labels].add(1) > 0)
+        num_clusters = jnp.sum(slot_counts(labels, capacity) > 0).astype(jnp.int32)
         new = AuxiliaryState(labels, params, state.overflow | overflow)
-        return new, AuxiliaryInfo(num_clusters.astype(jnp.int32), log_joint(labels, params), accepted)
+        return new, AuxiliaryInfo(num_clusters, m.log_joint(labels, params), accepted)
 
     return SamplingAlgorithm(init, step)
 
@@ -542,20 +554,11 @@ class AuxiliaryGibbsState(NamedTuple):
     and merges accepted in the step; overflow: sticky."""
 
     z: dict
-    params: dict
     log_joint: jax.Array
     num_clusters: jax.Array
     num_accepted: jax.Array
     overflow: jax.Array
     rng_key: jax.Array
-
-
-def _fill(site):
-    if isinstance(site["fn"], Partition) and not site["is_observed"]:
-        return jnp.zeros(site["fn"].num_points, jnp.int32)
-    if isinstance(site["fn"], AuxiliaryU) and not site["is_observed"]:
-        return jnp.ones(())  # NGGP's u: read only to refuse the model with a clear error
-    return None
 
 
 class AuxiliaryGibbs(DiscreteSiteKernel):
@@ -612,7 +615,7 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         self._sample_fn = None
 
     def fill_site(self, site):
-        return _fill(site)
+        return fill_partition_site(site)
 
     def find_spec(self, model_trace) -> ClusterModelSpec:
         args, kwargs = getattr(self, "_reading", ((), {}))
@@ -707,21 +710,15 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         return state
 
     def _kernel_state(self, spec, state: AuxiliaryState, key, args, kwargs, overflow):
-        m = _Model(self._model, spec, args, kwargs)
-        tr = m.trace(state.labels, state.params)
-        lj = (m.point_log_lik(tr).sum() + m.slot_log_prior(tr, spec.param_sites).sum()
-              + tr[spec.partition_site]["fn"].log_prob(state.labels))
-        k = jnp.sum(jnp.zeros(spec.capacity, jnp.int32).at[state.labels].add(1) > 0).astype(jnp.int32)
+        lj = _Model(self._model, spec, args, kwargs).log_joint(state.labels, state.params)
+        k = jnp.sum(slot_counts(state.labels, spec.capacity) > 0).astype(jnp.int32)
         z = {spec.partition_site: state.labels, **{n: state.params[n] for n in spec.owned_params}}
-        return AuxiliaryGibbsState(z, dict(state.params), lj, k, jnp.zeros((), jnp.int32),
-                                   state.overflow | overflow, key)
+        return AuxiliaryGibbsState(z, lj, k, jnp.zeros((), jnp.int32), state.overflow | overflow, key)
 
     def _sample_one(self, spec, s: AuxiliaryGibbsState, args, kwargs):
         key, k_step = jax.random.split(s.rng_key)
         # the conditioned sites (NUTS's parameters in a Gibbs block) at their current values
-        tr = trace_model(self._model, {spec.partition_site: s.z[spec.partition_site],
-                                       **{n: s.z[n] for n in spec.owned_params}}, args, kwargs)
-        params = {name: tr[name]["value"] for name in spec.param_sites}
+        params = _Model(self._model, spec, args, kwargs).params(s.z)
         alg = self._algorithm(spec, args, kwargs)
         state = AuxiliaryState(s.z[spec.partition_site], params, s.overflow)
         new, info = alg.step(k_step, state)
@@ -729,7 +726,7 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
             raise_capacity_error_if(new.overflow, spec.capacity,
                                     f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)")
         z = {spec.partition_site: new.labels, **{n: new.params[n] for n in spec.owned_params}}
-        return AuxiliaryGibbsState(z, new.params, info.log_joint, info.num_clusters, info.num_accepted,
+        return AuxiliaryGibbsState(z, info.log_joint, info.num_clusters, info.num_accepted,
                                    new.overflow, key)
 
     def sample(self, state, model_args, model_kwargs):
@@ -741,8 +738,7 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         spec = self._spec
 
         def one(s):
-            tr = trace_model(self._model, dict(s.z), model_args, model_kwargs)
-            params = {name: tr[name]["value"] for name in spec.param_sites}
+            params = _Model(self._model, spec, model_args, model_kwargs).params(s.z)
             state = AuxiliaryState(s.z[spec.partition_site], params, s.overflow)
             return self._kernel_state(spec, state, s.rng_key, model_args, model_kwargs,
                                       s.overflow)._replace(num_accepted=s.num_accepted)

@@ -65,7 +65,7 @@ from .moves import Move
 __all__ = [
     "PartitionKernel", "PartitionKernelState", "CollapsedGibbs", "CollapsedGibbsState", "SplitMerge",
     "SubClusterMCMC",
-    "ModelSpec", "chain_id", "collapsed_gibbs_fn", "hyperparameter_updates",
+    "ModelSpec", "chain_id", "collapsed_gibbs_fn", "hyperparameter_updates", "fill_partition_site",
 ]
 
 #: capacity used when ``capacity=None`` and the data have more points than this
@@ -90,7 +90,7 @@ class ModelSpec(NamedTuple):
         return tuple(s for s in (self.partition_site, self.u_site, self.alpha_site, self.sigma_site) if s)
 
 
-def _fill_partition(site):
+def fill_partition_site(site):
     """Placeholders for the sites a partition kernel owns, before it has values for them."""
     if isinstance(site["fn"], Partition) and not site["is_observed"]:
         return jnp.zeros(site["fn"].num_points, jnp.int32)
@@ -305,7 +305,7 @@ class PartitionKernel(DiscreteSiteKernel):
         return p_fn.measure, obs["fn"].family, jnp.asarray(obs["value"]), u, priors
 
     def fill_site(self, site):
-        return _fill_partition(site)
+        return fill_partition_site(site)
 
     def find_spec(self, model_trace) -> ModelSpec:
         spec = _find_spec(model_trace, self._update_hyperparameters, self.owner)
