@@ -61,7 +61,8 @@ from .clusters import canonical_labels, raise_capacity_error_if, slot_order
 from .kernels import fill_partition_site
 
 __all__ = ["AuxiliaryGibbs", "AuxiliaryGibbsState", "ClusterModelSpec", "AuxiliaryState", "AuxiliaryInfo",
-           "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "slot_counts", "split_merge", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots"]
+           "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "slot_counts", "split_merge", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots",
+           "refresh_empty_slots", "update_slot_params"]
 
 
 # ----------------------------------------------------------------------------- reading the model
@@ -451,6 +452,46 @@ def slice_slots(key, log_density: Callable, x0, lp0, width, max_steps_out: int =
     return x0 + t[:, None] * u, lp
 
 
+def refresh_empty_slots(m: "_Model", key, labels, params) -> dict:
+    """The owned parameters of every empty slot drawn afresh from their prior (the model
+    traced without their values); the occupied slots keep theirs."""
+    spec = m.spec
+    if not spec.owned_params:
+        return params
+    occupied = slot_counts(labels, spec.capacity) > 0
+    others = {k: v for k, v in params.items() if k not in spec.owned_params}
+    fresh = m.trace(labels, others, key=key)
+    params = dict(params)
+    for name in spec.owned_params:
+        axis = spec.slot_axis(name)
+        keep = occupied.reshape((-1,) + (1,) * (params[name].ndim - axis - 1))
+        params[name] = jnp.where(keep, params[name], fresh[name]["value"])
+    return params
+
+
+def update_slot_params(m: "_Model", key, labels, params, num_steps: int, step_size: float) -> dict:
+    """``num_steps`` slice-sampling steps (:func:`slice_slots`) of every slot's owned
+    parameters given the labels, all slots at once, in the unconstrained coordinates: slot
+    ``k`` targets ``p(theta_k) prod_{i: z_i = k} f(x_i | theta_k)``."""
+    spec = m.spec
+    if not spec.owned_params:
+        return params
+    layout = _flat_layout(spec, m.trace(labels, params))
+    fixed = {k: v for k, v in params.items() if k not in spec.owned_params}
+
+    def log_density(x):
+        owned, ladj = _unflatten(layout, spec, x)
+        tr = m.trace(labels, {**fixed, **owned})
+        ll = jax.ops.segment_sum(m.point_log_lik(tr), labels, num_segments=spec.capacity)
+        return m.slot_log_prior(tr, spec.owned_params) + ladj + ll
+
+    x = _flatten(layout, spec, params)
+    lp = log_density(x)
+    for k in jax.random.split(key, num_steps):
+        x, lp = slice_slots(k, log_density, x, lp, step_size)
+    return {**params, **_unflatten(layout, spec, x)[0]}
+
+
 # ----------------------------------------------------------------------------- the algorithm
 class AuxiliaryState(NamedTuple):
     """labels: ``(n,)`` slots in order of first appearance; params: every param site's value
@@ -491,15 +532,7 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
         k_fresh, k_labels, k_params = jax.random.split(key, 3)
         labels, params = state.labels, dict(state.params)
         measure = m.trace(labels, params)[spec.partition_site]["fn"].measure
-        occupied = slot_counts(labels, capacity) > 0
-        if spec.owned_params:
-            # 1. empty slots: fresh prior draws (the model traced without their values)
-            others = {k: v for k, v in params.items() if k not in spec.owned_params}
-            fresh = m.trace(labels, others, key=k_fresh)
-            for name in spec.owned_params:
-                axis = spec.slot_axis(name)
-                keep = occupied.reshape((-1,) + (1,) * (params[name].ndim - axis - 1))
-                params[name] = jnp.where(keep, params[name], fresh[name]["value"])
+        params = refresh_empty_slots(m, k_fresh, labels, params)  # 1.
         # 2-3. every point against every slot, then the labels one point at a time, then
         # splits and merges given the same parameters
         log_lik = m.log_lik_matrix(params)
@@ -520,22 +553,7 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
         # 4. slots in order of first appearance
         labels, params = renumber(labels, params)
         # 5. the parameters, all slots at once
-        if spec.owned_params:
-            tr0 = m.trace(labels, params)
-            layout = _flat_layout(spec, tr0)
-            fixed = {k: v for k, v in params.items() if k not in spec.owned_params}
-
-            def log_density(x):
-                owned, ladj = _unflatten(layout, spec, x)
-                tr = m.trace(labels, {**fixed, **owned})
-                ll = jax.ops.segment_sum(m.point_log_lik(tr), labels, num_segments=capacity)
-                return m.slot_log_prior(tr, spec.owned_params) + ladj + ll
-
-            x = _flatten(layout, spec, params)
-            lp = log_density(x)
-            for k in jax.random.split(k_params, num_param_steps):
-                x, lp = slice_slots(k, log_density, x, lp, step_size)
-            params.update(_unflatten(layout, spec, x)[0])
+        params = update_slot_params(m, k_params, labels, params, num_param_steps, step_size)
         num_clusters = jnp.sum(slot_counts(labels, capacity) > 0).astype(jnp.int32)
         new = AuxiliaryState(labels, params, state.overflow | overflow)
         return new, AuxiliaryInfo(num_clusters, m.log_joint(labels, params), accepted)
