@@ -18,9 +18,10 @@ sizes on whatever device JAX has, for the suite):
 * ``chains``: ``CollapsedGibbs``, ``SplitMerge`` and ``SubClusterMCMC`` with 1, 64 and
   1,024 vectorised chains on 500 points: seconds per iteration and chain-iterations/s.
 * ``ddt``: ``PopulationDDT`` with 2, 8 and 64 chains on 32 points.
-* ``auxiliary``: ``AuxiliaryGibbs`` (issue #40) on Poisson counts from 6 clusters, 10^4 and
-  10^5 points, a plate of 32 slots, 20 iterations: its label sweep is a scan over the points,
-  so this is the sequential part's cost on the device.
+* ``auxiliary``: ``AuxiliaryGibbs`` and ``SliceGibbs`` (issue #40) on Poisson counts from 6
+  clusters, a plate of 32 slots, 20 iterations: ``AuxiliaryGibbs`` at 10^4 and 10^5 points
+  (its label sweep is a scan over the points: the sequential part's cost on the device),
+  ``SliceGibbs`` at 10^5 and 10^6 (every label at once: the data-parallel path).
 
 Compilation is reported apart: "first" is the first run of a shape (trace + compile +
 run), "second" a run of the same shape with the programs reused. The persistent cache is
@@ -251,12 +252,14 @@ def part_auxiliary(out: Path, dry: bool) -> None:
         numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
 
     iters = 3 if dry else 20
-    for n in ([500] if dry else [10_000, 100_000]):
+    sizes = {"AuxiliaryGibbs": [500] if dry else [10_000, 100_000],
+             "SliceGibbs": [500] if dry else [100_000, 1_000_000]}
+    for name, n in [(k, n) for k in sizes for n in sizes[k]]:
         rng = np.random.default_rng(0)
         rates = np.exp(rng.normal(2.0, 1.5, 6))
         y = rng.integers(0, 6, n)
         X = jnp.asarray(rng.poisson(rates[y]).astype(np.float32))
-        mcmc = MCMC(bnp.AuxiliaryGibbs(model), num_warmup=0, num_samples=iters, progress_bar=True,
+        mcmc = MCMC(getattr(bnp, name)(model), num_warmup=0, num_samples=iters, progress_bar=True,
                     jit_model_args=True)
 
         def go(seed):
@@ -265,7 +268,7 @@ def part_auxiliary(out: Path, dry: bool) -> None:
 
         _, t_first = _timed(lambda: go(0))
         samples, t_second = _timed(lambda: go(1))
-        _emit(out, "auxiliary", {"n": n, "slots": 32, "iterations": iters, "first_s": t_first,
+        _emit(out, "auxiliary", {"kernel": name, "n": n, "slots": 32, "iterations": iters, "first_s": t_first,
                                  "second_s": t_second, "s_per_iteration": t_second / iters,
                                  "nmi": _nmi(y, np.asarray(samples["z"][-1]))})
 

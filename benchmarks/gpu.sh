@@ -46,7 +46,7 @@ if [ "$DRY" = 1 ]; then
 else
   DRYFLAG=
   # part caps in seconds: 6.5 minutes of benchmarks, leaving 1.5 for installs and report
-  CAPS="env:20 gibbs:40 mapdp:75 subcluster:85 chains:80 ddt:60 auxiliary:30"
+  CAPS="env:20 gibbs:40 mapdp:65 subcluster:80 chains:80 ddt:60 auxiliary:45"
   if [ -d "$REPO/.whl" ] && ls "$REPO"/.whl/*.whl >/dev/null 2>&1; then
     say "installing the carried wheels ($(ls "$REPO"/.whl/*.whl | wc -l))"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

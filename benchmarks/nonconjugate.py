@@ -1,16 +1,17 @@
-"""Non-conjugate DP mixtures: ``AuxiliaryGibbs`` beside NumPyro's truncated stick-breaking
-mixture with the labels summed out and NUTS on everything (what NumPyro and PyMC users write
-today), on the same data in the same run.
+"""Non-conjugate DP mixtures: ``AuxiliaryGibbs`` and ``SliceGibbs`` beside NumPyro's truncated
+stick-breaking mixture with the labels summed out and NUTS on everything (what NumPyro and PyMC
+users write today), on the same data in the same run.
 
-    python benchmarks/nonconjugate.py [--sets poisson student] [--warmup 500] [--samples 500]
-        [--numpyro-warmup 500] [--numpyro-samples 500] [--split-merge 10] [--skip-numpyro]
-        [--out-name nonconjugate]
+    python benchmarks/nonconjugate.py [--sets poisson student] [--kernels auxiliary slice]
+        [--warmup 500] [--samples 500] [--numpyro-warmup 500] [--numpyro-samples 500]
+        [--split-merge 10] [--skip-numpyro] [--out-name nonconjugate]
 
 Data (seed 0): ``poisson``: 2,000 counts from 6 clusters with LogNormal(2, 1.5) rates;
 ``student``: 5,000 2-D points from 8 Student-t (nu = 3) clusters, means N(0, 5^2 I), unit
 scale. Models: DP(1) over the clusters, the generating priors on the cluster parameters
 (rate ~ LogNormal(2, 1.5); mean ~ N(0, 5^2 I), the likelihood Poisson / Student-t(3, mean, 1)).
-jaxbnp: a plate of 32 slots, 2 chains one after another. NumPyro: truncation T = 20,
+jaxbnp: a plate of 32 slots, 2 chains one after another, each kernel with its defaults
+(``AuxiliaryGibbs``'s ``num_split_merge`` from ``--split-merge``). NumPyro: truncation T = 20,
 stick-breaking weights, ``MixtureSameFamily`` (labels summed out), NUTS, 2 chains one after
 another.
 
@@ -126,12 +127,14 @@ def _diagnostics(chains: dict) -> tuple[float, float]:
     return float(np.nanmax(rhat)), float(np.nanmin(ess))
 
 
-def run_jaxbnp(name, X, truth, warmup, samples, num_split_merge=10):
+def run_jaxbnp(name, X, truth, warmup, samples, num_split_merge=10, kernel="auxiliary"):
     model = jaxbnp_model(name)
     walls = []
     for rep in range(2):
         start = time.perf_counter()
-        mcmc = MCMC(bnp.AuxiliaryGibbs(model, num_split_merge=num_split_merge), num_warmup=warmup, num_samples=samples, num_chains=2,
+        made = (bnp.AuxiliaryGibbs(model, num_split_merge=num_split_merge) if kernel == "auxiliary"
+                else bnp.SliceGibbs(model))
+        mcmc = MCMC(made, num_warmup=warmup, num_samples=samples, num_chains=2,
                     chain_method="sequential", progress_bar=False)
         mcmc.run(jax.random.key(rep), jnp.asarray(X),
                  extra_fields=("log_joint", "num_clusters", "num_accepted"))
@@ -174,6 +177,7 @@ def main():
     ap.add_argument("--samples", type=int, default=500)
     ap.add_argument("--numpyro-warmup", type=int, default=500)
     ap.add_argument("--numpyro-samples", type=int, default=500)
+    ap.add_argument("--kernels", nargs="+", default=["auxiliary", "slice"], choices=["auxiliary", "slice"])
     ap.add_argument("--split-merge", type=int, default=10, help="AuxiliaryGibbs's num_split_merge")
     ap.add_argument("--skip-numpyro", action="store_true")
     ap.add_argument("--out-name", default="nonconjugate")
@@ -181,8 +185,14 @@ def main():
     rows = []
     for name in args.sets:
         X, truth, bayes = make_data(name)
-        runs = [(f"jaxbnp AuxiliaryGibbs (num_split_merge={args.split_merge})",
-                 lambda *a: run_jaxbnp(*a, num_split_merge=args.split_merge), args.warmup, args.samples)]
+        runs = []
+        if "auxiliary" in args.kernels:
+            runs.append((f"jaxbnp AuxiliaryGibbs (num_split_merge={args.split_merge})",
+                         lambda *a: run_jaxbnp(*a, num_split_merge=args.split_merge), args.warmup,
+                         args.samples))
+        if "slice" in args.kernels:
+            runs.append(("jaxbnp SliceGibbs", lambda *a: run_jaxbnp(*a, kernel="slice"), args.warmup,
+                         args.samples))
         if not args.skip_numpyro:
             runs.append(("NumPyro NUTS, truncated", run_numpyro, args.numpyro_warmup, args.numpyro_samples))
         for method, fn, w, s in runs:

@@ -21,6 +21,7 @@ from .inference import (
     DDTFit,
     DiffusionTreeMCMC,
     PopulationDDT,
+    SliceGibbs,
     SplitMerge,
     SubClusterMCMC,
     TreeGuidedMCMC,
@@ -95,7 +96,7 @@ __all__ = [
     "NestedCRP", "NestedHDP", "nested_hdp_model", "path_log_prior",
     # kernels (NumPyro MCMCKernels)
     "CollapsedGibbs", "CollapsedGibbsState", "SplitMerge", "SubClusterMCMC", "TreeGuidedMCMC",
-    "collapsed_gibbs_fn", "AuxiliaryGibbs",
+    "collapsed_gibbs_fn", "AuxiliaryGibbs", "SliceGibbs",
     "PartitionKernel", "moves", "BHMCKernel",
     "DiffusionTreeMCMC", "PopulationDDT",
     "ClusterState", "CapacityError",

@@ -59,6 +59,20 @@ def uniform(key, shape, dtype):
     return jax.random.uniform(key, shape, dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
 
 
+def log_uniform(key, shape, dtype):
+    """``log U`` for ``U ~ U(0, 1)``, exact far into the tail in any float dtype:
+    ``U = 2^-(G+1) (1 + M)`` with ``G`` the leading zero bits of 64 random bits (geometric,
+    ``P(G = g) = 2^-(g+1)``) and ``M`` a uniform mantissa. A float32 uniform is a multiple of
+    ``2^-23``, so ``log`` of one is never below ``-16`` but for the draws that round to 0;
+    here ``log U`` reaches ``-44`` (``G = 63``) with its right probability."""
+    k_bits, k_m = jax.random.split(key)
+    bits = jax.random.bits(k_bits, (2, *shape), jnp.uint32)
+    g = lax.clz(bits[0]) + jnp.where(bits[0] == 0, lax.clz(bits[1]), 0)
+    g = jnp.minimum(g, 63).astype(dtype)
+    m = jax.random.uniform(k_m, shape, dtype)
+    return -(g + 1.0) * math.log(2.0) + jnp.log1p(m)
+
+
 def _counter_uniforms(k1, k2, rows, cols, dtype):
     """Entry ``(r, c)`` of an array of uniforms in ``[0, 1)``: threefry-2x32 of the key words
     ``(k1, k2)`` and the counter ``(r, c)`` (``rows``, ``cols``: uint32 arrays of one shape),

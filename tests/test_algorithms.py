@@ -15,7 +15,7 @@ import pytest
 import jaxbnp as bnp
 from jaxbnp.inference.base import SamplingAlgorithm, run_steps
 from jaxbnp.inference.bhmc import sampler as bhmc
-from jaxbnp.inference.partition import auxiliary, moves, subcluster
+from jaxbnp.inference.partition import auxiliary, moves, slice_gibbs, subcluster
 from jaxbnp.inference.trees import mcmc as ddt_mcmc
 from jaxbnp.inference.trees import population
 from jaxbnp.models import nested
@@ -66,6 +66,14 @@ def _auxiliary():
             lambda k, s: make().step(k, s))
 
 
+def _slice_gibbs():
+    data = jnp.asarray(np.r_[np.zeros(4), 9.0 * np.ones(4)])
+    _, spec = bnp.SliceGibbs(_poisson_model).read_model({}, (data,), {})
+    make = lambda: slice_gibbs.algorithm(_poisson_model, spec, (data,), {})  # noqa: E731
+    return (make(), (jnp.array([0, 0, 0, 0, 1, 1, 1, 1]), {"rate": jnp.arange(1.0, 5.0)}),
+            lambda k, s: make().step(k, s))
+
+
 def _trees_mcmc():
     tree = bnp.models.ddt.sample_tree(jax.random.key(5), 1.0, X.shape[0], X.dtype)
     return (ddt_mcmc.algorithm(X, num_subtree_moves=3), (tree, 1.0, 1.0, 0.1),
@@ -87,7 +95,8 @@ def _bhmc():
 
 
 #: each sampler: ``() -> (algorithm, init arguments after the key, the core's own step)``
-ALGORITHMS = {"moves": _moves, "subcluster": _subcluster, "auxiliary": _auxiliary, "trees.mcmc": _trees_mcmc,
+ALGORITHMS = {"moves": _moves, "subcluster": _subcluster, "auxiliary": _auxiliary,
+              "slice_gibbs": _slice_gibbs, "trees.mcmc": _trees_mcmc,
               "population": _population, "bhmc": _bhmc}
 
 

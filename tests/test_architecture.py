@@ -213,6 +213,7 @@ def test_no_library_file_over_a_thousand_lines():
 SAMPLER_MODULES = (
     "jaxbnp.inference.partition.moves",
     "jaxbnp.inference.partition.auxiliary",
+    "jaxbnp.inference.partition.slice_gibbs",
     "jaxbnp.inference.partition.subcluster",
     "jaxbnp.inference.trees.mcmc",
     "jaxbnp.inference.trees.population",

@@ -27,7 +27,7 @@ import pytest
 
 from .conftest import TEST_XLA_FLAGS
 
-KERNELS = ("AuxiliaryGibbs", "BHMCKernel", "CollapsedGibbs", "DiffusionTreeMCMC", "SubClusterMCMC")
+KERNELS = ("AuxiliaryGibbs", "BHMCKernel", "CollapsedGibbs", "DiffusionTreeMCMC", "SliceGibbs", "SubClusterMCMC")
 
 _SCRIPT = """
 import json
@@ -69,6 +69,13 @@ def student_model(X):
     numpyro.sample("X", dist.StudentT(3.0, mu[z], 1.0).to_event(1), obs=X)
 
 
+def slice_model(X):  # the sticks beyond 32 slots never reach a slice here
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    with numpyro.plate("clusters", 32):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 3.0).expand([2]).to_event(1))
+    numpyro.sample("X", dist.StudentT(3.0, mu[z], 1.0).to_event(1), obs=X)
+
+
 def tree_model(X):
     tree = numpyro.sample("tree", bnp.DiffusionTree(1.2, X.shape[0]))
     numpyro.sample("X", bnp.BrownianLeaves(tree, 0.9, 0.2), obs=X)
@@ -83,6 +90,7 @@ def _bhmc_args(X):
 KERNELS = {
     "AuxiliaryGibbs": (lambda: bnp.AuxiliaryGibbs(student_model), lambda X: (X,)),
     "CollapsedGibbs": (lambda: bnp.CollapsedGibbs(dp_model), lambda X: (X,)),
+    "SliceGibbs": (lambda: bnp.SliceGibbs(slice_model), lambda X: (X,)),
     "SubClusterMCMC": (lambda: bnp.SubClusterMCMC(dp_model), lambda X: (X,)),
     "DiffusionTreeMCMC": (lambda: bnp.DiffusionTreeMCMC(tree_model), lambda X: (X,)),
     "BHMCKernel": (lambda: bhmc.BHMCKernel(bhmc.BHMCConfig(2, 15, 6)), _bhmc_args),

@@ -36,7 +36,7 @@ compile; the masked form may only succeed or die of that LLVM error. The smalles
 ``candidate_log_likelihoods`` did not: the fusion needs the exchange's loops).
 ``test_population_exchange_compiles`` runs it and the exact test's ``fit_ddt`` call.
 
-``test_every_sampler_and_estimator``: every public kernel (``AuxiliaryGibbs``, ``CollapsedGibbs``,
+``test_every_sampler_and_estimator``: every public kernel (``AuxiliaryGibbs``, ``SliceGibbs``, ``CollapsedGibbs``,
 ``SplitMerge``, ``TreeGuidedMCMC`` with device and host trees, ``SubClusterMCMC``,
 ``DiffusionTreeMCMC``, ``PopulationDDT`` in ``numpyro.infer.MCMC``), estimator (``MAPDP``,
 ``DirichletProcessMixture`` with methods gibbs, subcluster and mapdp, and gibbs with 3 chains
@@ -180,8 +180,26 @@ def auxiliary():
     floats("log_joint", m.get_extra_fields()["log_joint"])
 
 
+def slice_model(C):  # the same with room for the sticks (SliceGibbs)
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), C.shape[0]))
+    with numpyro.plate("clusters", 32):
+        rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+    numpyro.sample("C", dist.Poisson(rate[z]), obs=C)
+
+
+def slice_gibbs():
+    C = jnp.asarray(np.round(3.0 * np.abs(X[:, 0])))
+    m = MCMC(bnp.SliceGibbs(slice_model), num_warmup=2, num_samples=3, num_chains=2,
+             chain_method="vectorized", progress_bar=False)
+    m.run(KEY, C, extra_fields=("log_joint",))
+    labels("z", m.get_samples()["z"], (6, N))
+    floats("rate", m.get_samples()["rate"])
+    floats("log_joint", m.get_extra_fields()["log_joint"])
+
+
 if GROUP == "kernels":
     run("AuxiliaryGibbs", auxiliary)
+    run("SliceGibbs", slice_gibbs)
     run("CollapsedGibbs", kernel(lambda: bnp.CollapsedGibbs(partition_model)))
     run("SplitMerge", kernel(lambda: bnp.SplitMerge(partition_model, num_split_merge=2)))
     run("TreeGuidedMCMC trees=device", kernel(lambda: bnp.TreeGuidedMCMC(partition_model, num_global_moves=2)))

@@ -52,6 +52,13 @@ def student_model(X):  # any likelihood, its parameters in a cluster plate (Auxi
     numpyro.sample("X", dist.StudentT(3.0, mu[z], 1.0).to_event(1), obs=X)
 
 
+def slice_model(X):  # the same with room for the sticks (SliceGibbs)
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    with numpyro.plate("clusters", 32):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 3.0).expand([2]).to_event(1))
+    numpyro.sample("X", dist.StudentT(3.0, mu[z], 1.0).to_event(1), obs=X)
+
+
 def tree_model(X):
     tree = numpyro.sample("tree", bnp.DiffusionTree(1.2, X.shape[0]))
     numpyro.sample("X", bnp.BrownianLeaves(tree, 0.9, 0.2), obs=X)
@@ -89,6 +96,8 @@ ENTRIES = {
                                                         warmup_then_run=True),
     "AuxiliaryGibbs": lambda key: _mcmc(bnp.AuxiliaryGibbs(student_model), key, num_chains=2,
                                         extra=("log_joint",)),
+    "SliceGibbs": lambda key: _mcmc(bnp.SliceGibbs(slice_model), key, num_chains=2,
+                                    extra=("log_joint",)),
     "PartitionKernel": lambda key: _mcmc(bnp.PartitionKernel(
         dp_model, moves.chain(moves.split_merge(1), moves.gibbs_sweep())), key),
     "Gibbs(NUTS, CollapsedGibbs)": lambda key: _mcmc(

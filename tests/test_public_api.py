@@ -13,7 +13,7 @@ REQUIRED = [
     # composing moves (docs/design.md) and the shared model
     "PartitionKernel", "moves", "BHMCKernel", "mixture_model",
     # any NumPyro likelihood (issue #40)
-    "AuxiliaryGibbs",
+    "AuxiliaryGibbs", "SliceGibbs",
 ]
 
 

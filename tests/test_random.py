@@ -111,3 +111,18 @@ def test_uniform_rows_are_uniform_and_any_rows_equal_the_whole(dtype):
     assert not np.array_equal(whole, np.asarray(_random.uniform_rows(jax.random.key(8), 0, 5000, 6, dtype)))
     # power: the KS test rejects a skewed version of the same numbers
     assert stats.kstest(whole.ravel() ** 1.05, "uniform").pvalue < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_log_uniform_is_minus_an_exponential_into_the_tail(dtype):
+    """``-log U`` is Exp(1); beyond 5 it is ``5 + Exp(1)`` again (memoryless), which a float32
+    uniform's granularity near 0 would not give far out; never below ``-64 log 2``."""
+    from scipy import stats
+
+    from jaxbnp._random import log_uniform
+
+    x = -np.asarray(log_uniform(jax.random.key(1), (2_000_000,), dtype), np.float64)
+    assert x.dtype == np.float64 and np.all(np.isfinite(x)) and x.max() <= 64 * np.log(2.0) + 1e-6
+    assert stats.kstest(x, "expon").pvalue > 1e-3
+    tail = x[x > 5.0] - 5.0
+    assert len(tail) > 10_000 and stats.kstest(tail, "expon").pvalue > 1e-3

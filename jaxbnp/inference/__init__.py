@@ -1,8 +1,8 @@
 """How to fit the models, one subpackage per capability:
 
 - ``partition``: one partition of the data (cluster state, collapsed Gibbs,
-  split-merge, sub-cluster split/merge, MAP-DP, Algorithm 8 for any likelihood on a
-  cluster plate) and their NumPyro kernels;
+  split-merge, sub-cluster split/merge, MAP-DP, Algorithm 8 and Walker's slice sampler
+  for any likelihood on a cluster plate) and their NumPyro kernels;
 - ``tgmcmc``: tree-guided MCMC over IBHC trees;
 - ``trees``: Dirichlet diffusion trees, within-chain and population MCMC;
 - ``bhmc``: the nested CRP with multilevel HDP mixtures;
@@ -15,7 +15,8 @@
 from .adapter import AlgorithmKernel
 from .bhmc import BHMCFit, BHMCKernel, fit_bhmc
 from .partition import (
-    AuxiliaryGibbs, CapacityError, ClusterState, CollapsedGibbs, CollapsedGibbsState, PartitionKernel, SplitMerge,
+    AuxiliaryGibbs, CapacityError, ClusterState, CollapsedGibbs, CollapsedGibbsState, PartitionKernel, SliceGibbs,
+    SplitMerge,
     SubClusterMCMC, collapsed_gibbs_fn,
 )
 from .partition import moves
@@ -26,7 +27,7 @@ __all__ = [
     "CapacityError", "ClusterState", "CollapsedGibbs", "CollapsedGibbsState", "collapsed_gibbs_fn",
     "SplitMerge", "SubClusterMCMC", "TreeGuidedMCMC", "DDTFit", "DiffusionTreeMCMC", "PopulationDDT", "fit_ddt",
     "BHMCFit", "BHMCKernel", "fit_bhmc", "PartitionKernel", "moves", "PARTITION_KERNELS",
-    "AlgorithmKernel", "AuxiliaryGibbs",
+    "AlgorithmKernel", "AuxiliaryGibbs", "SliceGibbs",
 ]
 
 #: the ready-made partition samplers by the method names the estimators and the command

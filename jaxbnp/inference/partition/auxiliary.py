@@ -61,7 +61,7 @@ from .clusters import canonical_labels, raise_capacity_error_if, slot_order
 from .kernels import fill_partition_site
 
 __all__ = ["AuxiliaryGibbs", "AuxiliaryGibbsState", "ClusterModelSpec", "AuxiliaryState", "AuxiliaryInfo",
-           "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "slot_counts", "split_merge", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots",
+           "ClusterModel", "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "slot_counts", "split_merge", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots",
            "refresh_empty_slots", "update_slot_params"]
 
 
@@ -201,7 +201,7 @@ def _from_front(x, axis):
     return jnp.moveaxis(x, 0, axis)
 
 
-class _Model:
+class ClusterModel:
     """The model's densities for one spec and one set of model arguments (a closure, free
     under tracing)."""
 
@@ -452,7 +452,7 @@ def slice_slots(key, log_density: Callable, x0, lp0, width, max_steps_out: int =
     return x0 + t[:, None] * u, lp
 
 
-def refresh_empty_slots(m: "_Model", key, labels, params) -> dict:
+def refresh_empty_slots(m: "ClusterModel", key, labels, params) -> dict:
     """The owned parameters of every empty slot drawn afresh from their prior (the model
     traced without their values); the occupied slots keep theirs."""
     spec = m.spec
@@ -469,7 +469,7 @@ def refresh_empty_slots(m: "_Model", key, labels, params) -> dict:
     return params
 
 
-def update_slot_params(m: "_Model", key, labels, params, num_steps: int, step_size: float) -> dict:
+def update_slot_params(m: "ClusterModel", key, labels, params, num_steps: int, step_size: float) -> dict:
     """``num_steps`` slice-sampling steps (:func:`slice_slots`) of every slot's owned
     parameters given the labels, all slots at once, in the unconstrained coordinates: slot
     ``k`` targets ``p(theta_k) prod_{i: z_i = k} f(x_i | theta_k)``."""
@@ -514,7 +514,7 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
     """Algorithm 8 on slots for ``model`` (module docstring) as ``init(key, labels, params)``,
     ``step(key, state)``; ``spec`` from :func:`find_cluster_spec`, the model's values (data,
     conditioned sites) read from ``model_args``/``model_kwargs`` at every step."""
-    m = _Model(model, spec, model_args, model_kwargs)
+    m = ClusterModel(model, spec, model_args, model_kwargs)
     capacity = spec.capacity
 
     def renumber(labels, params):
@@ -727,25 +727,35 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
             self._sample_fn = sample_one
         return state
 
-    def _kernel_state(self, spec, state: AuxiliaryState, key, args, kwargs, overflow):
-        lj = _Model(self._model, spec, args, kwargs).log_joint(state.labels, state.params)
-        k = jnp.sum(slot_counts(state.labels, spec.capacity) > 0).astype(jnp.int32)
+    def _kernel_state(self, spec, state: AuxiliaryState, key, args, kwargs, overflow, info=None):
+        """The kernel's state from the algorithm's; ``info`` (after a step) holds the log
+        joint, ``K`` and the accepted moves, else they are computed (none accepted)."""
+        if info is None:
+            lj = ClusterModel(self._model, spec, args, kwargs).log_joint(state.labels, state.params)
+            k = jnp.sum(slot_counts(state.labels, spec.capacity) > 0).astype(jnp.int32)
+            accepted = jnp.zeros((), jnp.int32)
+        else:
+            lj, k, accepted = info.log_joint, info.num_clusters, info.num_accepted
         z = {spec.partition_site: state.labels, **{n: state.params[n] for n in spec.owned_params}}
-        return AuxiliaryGibbsState(z, lj, k, jnp.zeros((), jnp.int32), state.overflow | overflow, key)
+        return AuxiliaryGibbsState(z, lj, k, accepted, state.overflow | overflow, key)
+
+    def _algorithm_state(self, spec, s, params):
+        """The algorithm's state from the kernel's ``s`` and every param site's value."""
+        return AuxiliaryState(s.z[spec.partition_site], params, s.overflow)
+
+    def _raise_on_overflow(self, spec, overflow):
+        if spec.capacity < spec.num_points:  # else a free slot always exists: no host callback
+            raise_capacity_error_if(overflow, spec.capacity,
+                                    f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)")
 
     def _sample_one(self, spec, s: AuxiliaryGibbsState, args, kwargs):
         key, k_step = jax.random.split(s.rng_key)
         # the conditioned sites (NUTS's parameters in a Gibbs block) at their current values
-        params = _Model(self._model, spec, args, kwargs).params(s.z)
+        params = ClusterModel(self._model, spec, args, kwargs).params(s.z)
         alg = self._algorithm(spec, args, kwargs)
-        state = AuxiliaryState(s.z[spec.partition_site], params, s.overflow)
-        new, info = alg.step(k_step, state)
-        if spec.capacity < spec.num_points:  # else a free slot always exists: no host callback
-            raise_capacity_error_if(new.overflow, spec.capacity,
-                                    f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)")
-        z = {spec.partition_site: new.labels, **{n: new.params[n] for n in spec.owned_params}}
-        return AuxiliaryGibbsState(z, info.log_joint, info.num_clusters, info.num_accepted,
-                                   new.overflow, key)
+        new, info = alg.step(k_step, self._algorithm_state(spec, s, params))
+        self._raise_on_overflow(spec, new.overflow)
+        return self._kernel_state(spec, new, key, args, kwargs, new.overflow, info)
 
     def sample(self, state, model_args, model_kwargs):
         return self._sample_fn(state, model_args, model_kwargs)
@@ -756,8 +766,8 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         spec = self._spec
 
         def one(s):
-            params = _Model(self._model, spec, model_args, model_kwargs).params(s.z)
-            state = AuxiliaryState(s.z[spec.partition_site], params, s.overflow)
+            params = ClusterModel(self._model, spec, model_args, model_kwargs).params(s.z)
+            state = self._algorithm_state(spec, s, params)
             return self._kernel_state(spec, state, s.rng_key, model_args, model_kwargs,
                                       s.overflow)._replace(num_accepted=s.num_accepted)
 

@@ -170,25 +170,28 @@ def canonical_labels(labels: jax.Array, capacity: int) -> jax.Array:
     return slot_order(labels, capacity)[1]
 
 
-def _raise_overflow(flag, capacity, hint=None):
+def _raise_overflow(flag, capacity, hint=None, reason=None):
     if np.any(np.asarray(flag)):
         capacity = int(np.asarray(capacity).reshape(-1)[0])
+        reason = (reason or "all {capacity} cluster slots are in use and the sampler needed a new "
+                  "cluster.").format(capacity=capacity)
         raise CapacityError(
-            f"jaxbnp: all {capacity} cluster slots are in use and the sampler needed a new "
-            "cluster. " + (hint or "Pass a larger capacity (e.g. twice as large) to the kernel")
+            "jaxbnp: " + reason + " " + (hint or "Pass a larger capacity (e.g. twice as large) to the kernel")
             + "; no draw was returned from the overflowing step."
         )
 
 
-def raise_capacity_error_if(flag: jax.Array, capacity: int, hint: str | None = None) -> None:
+def raise_capacity_error_if(flag: jax.Array, capacity: int, hint: str | None = None,
+                            reason: str | None = None) -> None:
     """Inside jit: raise ``CapacityError`` on the host if ``flag`` is set (one host callback);
-    ``hint`` says what to enlarge (default: the kernel's capacity)."""
+    ``hint`` says what to enlarge (default: the kernel's capacity); ``reason`` replaces the
+    message's first sentence (``{capacity}`` is filled in)."""
     from functools import partial
 
     from jax.experimental import io_callback
 
-    io_callback(partial(_raise_overflow, hint=hint), None, flag, jnp.asarray(capacity, jnp.int32),
-                ordered=False)
+    io_callback(partial(_raise_overflow, hint=hint, reason=reason), None, flag,
+                jnp.asarray(capacity, jnp.int32), ordered=False)
 
 
 def raise_if_overflow(state: ClusterState) -> None:

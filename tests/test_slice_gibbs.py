@@ -1,0 +1,119 @@
+"""``SliceGibbs`` as a NumPyro kernel: the issue's model as written, chain methods, the
+stick positions it keeps, composition with NUTS, the plate that is too small, bad settings
+(the exact tests are in ``tests/exact/test_slice_gibbs_exact.py``)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC, NUTS, Gibbs
+
+import jaxbnp as bnp
+from jaxbnp.inference.partition import slice_gibbs
+
+RNG = np.random.default_rng(0)
+X = jnp.asarray(np.concatenate([RNG.poisson(2.0, 20), RNG.poisson(30.0, 20)]).astype(float))
+
+
+def model(X):  # the issue's model, as written
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    with numpyro.plate("clusters", 32):
+        rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+    numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+
+def _run(kernel, key, num_chains=1, chain_method="sequential", data=X, **run_kwargs):
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=30, num_chains=num_chains, chain_method=chain_method,
+                progress_bar=False)
+    fields = () if isinstance(kernel, Gibbs) else ("num_clusters", "log_joint", "num_accepted")
+    mcmc.run(key, data, extra_fields=fields, **run_kwargs)
+    return mcmc
+
+
+def test_the_issue_model_runs_and_finds_the_two_groups():
+    mcmc = _run(bnp.SliceGibbs(model), jax.random.key(0))
+    s = mcmc.get_samples()
+    assert s["z"].shape == (30, 40) and s["z"].dtype == jnp.int32
+    assert s["rate"].shape == (30, 32)
+    z = np.asarray(s["z"][-1])
+    assert len(set(z[:20]) & set(z[20:])) == 0  # Poisson(2) and Poisson(30) never share a cluster
+    assert z[0] == 0 and set(z) == set(range(z.max() + 1))  # first-appearance order
+    rate = np.asarray(s["rate"][-1])
+    assert np.all(rate[z[20:]] > 15) and np.all(rate[z[:20]] < 8)  # slots renumbered with labels
+    fields = mcmc.get_extra_fields()
+    assert np.isfinite(fields["log_joint"]).all()
+    sticks = np.asarray(mcmc.last_state.sticks)  # each slot's stick position: a permutation
+    assert sorted(sticks.tolist()) == list(range(32))
+
+
+def test_chain_methods_give_the_same_draws():
+    seq = _run(bnp.SliceGibbs(model), jax.random.key(3), num_chains=2).get_samples()["z"]
+    for method in ("vectorized", "parallel"):
+        other = _run(bnp.SliceGibbs(model), jax.random.key(3), num_chains=2,
+                     chain_method=method).get_samples()["z"]
+        np.testing.assert_array_equal(seq, other)
+
+
+def test_swaps_keep_the_counts_and_move_big_clusters_forward():
+    """One pass of neighbouring swaps: a permutation of the positions, the counts carried with
+    their slots; a cluster of 30 points behind an empty position moves forward (its ratio is
+    large), two empty positions never swap."""
+    counts = jnp.array([0, 30, 0, 0, 5, 0], jnp.int32)
+    slot_at = jnp.arange(6, dtype=jnp.int32)
+    moved = 0
+    for seed in range(20):
+        new, accepted = slice_gibbs.swap_positions(jax.random.key(seed), counts, slot_at, 1.0, 0.0,
+                                                   jnp.float64)
+        new = np.asarray(new)
+        assert sorted(new.tolist()) == list(range(6))
+        assert int(accepted) <= 5
+        moved += int(np.flatnonzero(new == 1)[0] == 0)
+        assert np.asarray(counts)[new].sum() == 35
+    assert moved >= 15
+
+
+def test_a_plate_too_small_for_the_sticks_raises():
+    def small(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(5.0), X.shape[0]))
+        with numpyro.plate("slots", 4):
+            rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+        numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+    # NumPyro's loop reraises the host callback's CapacityError as a JaxRuntimeError with its text
+    with pytest.raises(Exception, match=r"stick-breaking weight beyond the plate.s 4 slots.*plate .slots."):
+        _run(bnp.SliceGibbs(small), jax.random.key(0))
+
+
+def hyper_model(X):
+    mu0 = numpyro.sample("mu0", dist.Normal(0.0, 2.0))
+    z = numpyro.sample("z", bnp.Partition(bnp.PitmanYor(1.0, 0.05), X.shape[0]))
+    with numpyro.plate("clusters", 40):
+        rate = numpyro.sample("rate", dist.LogNormal(mu0, 1.0))
+    numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+
+def test_composes_with_nuts_above_and_on_the_plate():
+    """NUTS on a hyperparameter above the plate (the kernel owns the partition and the rates),
+    and NUTS on the rates themselves (the kernel owns the partition; the labels are slots)."""
+    kernel = Gibbs([(bnp.SliceGibbs(hyper_model), ["z", "rate"]), (NUTS(hyper_model), ["mu0"])])
+    s = _run(kernel, jax.random.key(1)).get_samples()
+    assert set(s) == {"z", "rate", "mu0"} and np.isfinite(s["mu0"]).all()
+    assert len(np.unique(np.asarray(s["mu0"]))) > 1  # NUTS moved it
+    kernel = Gibbs([(bnp.SliceGibbs(hyper_model), ["z"]), (NUTS(hyper_model), ["rate", "mu0"])])
+    s = _run(kernel, jax.random.key(2)).get_samples()
+    z, rate = np.asarray(s["z"]), np.asarray(s["rate"])
+    assert z.max() < 40 and np.isfinite(rate).all()
+    assert len(set(z[-1, :20]) & set(z[-1, 20:])) == 0
+
+
+def test_bad_settings():
+    for kwargs in ({"num_swap_passes": -1}, {"num_swap_passes": 1.5}, {"num_param_steps": 0},
+                   {"step_size": 0.0}, {"init_strategy": "singletons"}, {"chain_batching": "pmap"}):
+        with pytest.raises(ValueError):
+            bnp.SliceGibbs(model, **kwargs)
+    with pytest.raises(ValueError, match="more clusters than plate|has 40 clusters"):
+        _run(bnp.SliceGibbs(model), jax.random.key(0), init_params={"z": jnp.arange(40)})
