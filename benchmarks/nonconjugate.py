@@ -11,7 +11,7 @@ Data (seed 0): ``poisson``: 2,000 counts from 6 clusters with LogNormal(2, 1.5) 
 scale. Models: DP(1) over the clusters, the generating priors on the cluster parameters
 (rate ~ LogNormal(2, 1.5); mean ~ N(0, 5^2 I), the likelihood Poisson / Student-t(3, mean, 1)).
 jaxbnp: a plate of 32 slots, 2 chains one after another, each kernel with its defaults
-(``AuxiliaryGibbs``'s ``num_split_merge`` from ``--split-merge``). NumPyro: truncation T = 20,
+(``num_split_merge`` from ``--split-merge`` and ``--slice-split-merge``). NumPyro: truncation T = 20,
 stick-breaking weights, ``MixtureSameFamily`` (labels summed out), NUTS, 2 chains one after
 another.
 
@@ -132,8 +132,8 @@ def run_jaxbnp(name, X, truth, warmup, samples, num_split_merge=10, kernel="auxi
     walls = []
     for rep in range(2):
         start = time.perf_counter()
-        made = (bnp.AuxiliaryGibbs(model, num_split_merge=num_split_merge) if kernel == "auxiliary"
-                else bnp.SliceGibbs(model))
+        kernel_cls = bnp.AuxiliaryGibbs if kernel == "auxiliary" else bnp.SliceGibbs
+        made = kernel_cls(model, num_split_merge=num_split_merge)
         mcmc = MCMC(made, num_warmup=warmup, num_samples=samples, num_chains=2,
                     chain_method="sequential", progress_bar=False)
         mcmc.run(jax.random.key(rep), jnp.asarray(X),
@@ -179,6 +179,7 @@ def main():
     ap.add_argument("--numpyro-samples", type=int, default=500)
     ap.add_argument("--kernels", nargs="+", default=["auxiliary", "slice"], choices=["auxiliary", "slice"])
     ap.add_argument("--split-merge", type=int, default=10, help="AuxiliaryGibbs's num_split_merge")
+    ap.add_argument("--slice-split-merge", type=int, default=10, help="SliceGibbs's num_split_merge")
     ap.add_argument("--skip-numpyro", action="store_true")
     ap.add_argument("--out-name", default="nonconjugate")
     args = ap.parse_args()
@@ -191,8 +192,9 @@ def main():
                          lambda *a: run_jaxbnp(*a, num_split_merge=args.split_merge), args.warmup,
                          args.samples))
         if "slice" in args.kernels:
-            runs.append(("jaxbnp SliceGibbs", lambda *a: run_jaxbnp(*a, kernel="slice"), args.warmup,
-                         args.samples))
+            runs.append((f"jaxbnp SliceGibbs (num_split_merge={args.slice_split_merge})",
+                         lambda *a: run_jaxbnp(*a, num_split_merge=args.slice_split_merge, kernel="slice"),
+                         args.warmup, args.samples))
         if not args.skip_numpyro:
             runs.append(("NumPyro NUTS, truncated", run_numpyro, args.numpyro_warmup, args.numpyro_samples))
         for method, fn, w, s in runs:

@@ -76,6 +76,22 @@ def test_swaps_keep_the_counts_and_move_big_clusters_forward():
     assert moved >= 15
 
 
+def test_the_swap_ratio_is_the_change_of_the_allocation_law():
+    """``swap_log_ratio`` equals the change of :func:`position_log_prior` when two neighbouring
+    positions trade their counts (DP and Pitman-Yor)."""
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        c = jnp.asarray(rng.integers(0, 4, 8) * rng.integers(0, 2, 8), jnp.float64)
+        for p in range(7):
+            swapped = c.at[p].set(c[p + 1]).at[p + 1].set(c[p])
+            later = c.sum() - jnp.cumsum(c)[p + 1]
+            for alpha, d in [(1.0, 0.0), (0.7, 0.3)]:
+                want = (slice_gibbs.position_log_prior(swapped, alpha, d)
+                        - slice_gibbs.position_log_prior(c, alpha, d))
+                got = slice_gibbs.swap_log_ratio(c[p], c[p + 1], later, float(p), alpha, d)
+                np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
 def test_a_plate_too_small_for_the_sticks_raises():
     def small(X):
         z = numpyro.sample("z", bnp.Partition(bnp.DP(5.0), X.shape[0]))
@@ -111,9 +127,32 @@ def test_composes_with_nuts_above_and_on_the_plate():
 
 
 def test_bad_settings():
-    for kwargs in ({"num_swap_passes": -1}, {"num_swap_passes": 1.5}, {"num_param_steps": 0},
+    for kwargs in ({"num_swap_passes": -1}, {"num_swap_passes": 1.5}, {"num_split_merge": -1},
+                   {"num_param_steps": 0},
                    {"step_size": 0.0}, {"init_strategy": "singletons"}, {"chain_batching": "pmap"}):
         with pytest.raises(ValueError):
             bnp.SliceGibbs(model, **kwargs)
     with pytest.raises(ValueError, match="more clusters than plate|has 40 clusters"):
         _run(bnp.SliceGibbs(model), jax.random.key(0), init_params={"z": jnp.arange(40)})
+
+
+def test_points_sharded_over_a_mesh_give_the_same_draws():
+    """Data placed on a mesh (``jax.device_put`` with a ``NamedSharding`` over the points; the
+    suite's 4 host devices): XLA partitions every per-point computation (the label step, the
+    slices, the likelihood), the labels come back sharded over the points, and the draws equal
+    the one-device chain's (JAX's partitionable random bits)."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def run(data):
+        mcmc = MCMC(bnp.SliceGibbs(model), num_warmup=3, num_samples=5, progress_bar=False)
+        mcmc.run(jax.random.key(5), data)
+        return mcmc
+
+    one = run(X)
+    mesh = Mesh(np.array(jax.devices()[:4]), ("points",))
+    many = run(jax.device_put(X, NamedSharding(mesh, P("points"))))
+    np.testing.assert_array_equal(one.get_samples()["z"], many.get_samples()["z"])
+    np.testing.assert_allclose(one.get_samples()["rate"], many.get_samples()["rate"], rtol=1e-12)
+    labels = many.last_state.z["z"]
+    assert labels.sharding.spec == P("points") and len(labels.sharding.device_set) == 4

@@ -350,7 +350,9 @@ def split_choice_log_ratio(k):
     return -jnp.log(k + 1.0)
 
 
-def split_merge(key, labels, log_lik, measure, capacity: int):
+def split_merge(key, labels, log_lik, measure, capacity: int, log_prior: Callable | None = None,
+                choice_log_ratio: Callable | None = None, split_slot: Callable | None = None,
+                merge_ok: Callable | None = None):
     """One Metropolis-Hastings split or merge of clusters given every slot's parameters
     (docs/mathematics.md §8, "Splits and merges"): ``(labels, accepted)``.
 
@@ -361,7 +363,14 @@ def split_merge(key, labels, log_lik, measure, capacity: int):
     members of ``b`` join ``a``. The parameters do not change (the empty slot's are a prior
     draw, part of the state), so the ratio is the EPPF's, the likelihood's and the proposal's:
     ``log r = Δ log p(Π) + Δ log f - log K_split - Σ log q_i`` for a split into ``K_split``
-    clusters, its negative for the merge back."""
+    clusters, its negative for the merge back.
+
+    Another target of the labels (``SliceGibbs``: the allocation's law over stick-breaking
+    positions) passes ``log_prior(counts)`` (default ``measure.log_eppf``), the slot choices'
+    ``choice_log_ratio(k)`` for a split of one of ``k`` clusters (default
+    :func:`split_choice_log_ratio`), ``split_slot(key, occupied)``, the empty slot a split
+    fills (default: uniform), and ``merge_ok(b, new_counts)``, whether that split's rule would
+    pick ``b`` after the merge (a merge whose reverse split is impossible is rejected)."""
     n = labels.shape[0]
     k_type, k_a, k_b, k_alloc, k_acc = jax.random.split(key, 5)
     counts = slot_counts(labels, capacity)
@@ -369,7 +378,8 @@ def split_merge(key, labels, log_lik, measure, capacity: int):
     k = jnp.sum(occupied)
     split = jax.random.uniform(k_type) < 0.5
     a = _uniform_choice(k_a, occupied)
-    b = jnp.where(split, _uniform_choice(k_b, ~occupied), _uniform_choice(k_b, occupied & (jnp.arange(capacity) != a)))
+    empty = _uniform_choice(k_b, ~occupied) if split_slot is None else split_slot(k_b, occupied)
+    b = jnp.where(split, empty, _uniform_choice(k_b, occupied & (jnp.arange(capacity) != a)))
     la, lb = log_lik[:, a], log_lik[:, b]
     norm = jnp.logaddexp(la, lb)
     log_qa, log_qb = la - norm, lb - norm
@@ -379,15 +389,18 @@ def split_merge(key, labels, log_lik, measure, capacity: int):
     # split: members of a that go to b; merge: members of b that join a
     new = jnp.where(split, jnp.where(go_b, b, labels), jnp.where(in_b, a, labels)).astype(labels.dtype)
     new_counts = slot_counts(new, capacity)
-    d_eppf = measure.log_eppf(new_counts) - measure.log_eppf(counts)
+    log_prior = measure.log_eppf if log_prior is None else log_prior
+    choice = split_choice_log_ratio if choice_log_ratio is None else choice_log_ratio
+    d_eppf = log_prior(new_counts) - log_prior(counts)
     split_alloc = jnp.sum(jnp.where(in_a, jnp.where(go_b, log_qb, log_qa), 0.0))
     merge_alloc = jnp.sum(jnp.where(in_a | in_b, jnp.where(in_b, log_qb, log_qa), 0.0))
     log_r = jnp.where(
         split,
-        d_eppf + jnp.sum(jnp.where(go_b, lb - la, 0.0)) + split_choice_log_ratio(k) - split_alloc,
-        d_eppf + jnp.sum(jnp.where(in_b, la - lb, 0.0)) - split_choice_log_ratio(k - 1) + merge_alloc,
+        d_eppf + jnp.sum(jnp.where(go_b, lb - la, 0.0)) + choice(k) - split_alloc,
+        d_eppf + jnp.sum(jnp.where(in_b, la - lb, 0.0)) - choice(k - 1) + merge_alloc,
     )
-    valid = jnp.where(split, (k < capacity) & (moved > 0) & (moved < counts[a]), k >= 2)
+    reverse = True if merge_ok is None else merge_ok(b, new_counts)
+    valid = jnp.where(split, (k < capacity) & (moved > 0) & (moved < counts[a]), (k >= 2) & reverse)
     accept = valid & (jnp.log(jax.random.uniform(k_acc, (), la.dtype, minval=1e-30)) < log_r)
     return jnp.where(accept, new, labels), accept
 
