@@ -156,3 +156,32 @@ def test_points_sharded_over_a_mesh_give_the_same_draws():
     np.testing.assert_allclose(one.get_samples()["rate"], many.get_samples()["rate"], rtol=1e-12)
     labels = many.last_state.z["z"]
     assert labels.sharding.spec == P("points") and len(labels.sharding.device_set) == 4
+
+
+def test_predictive_and_arviz_read_the_draws():
+    """What a NumPyro user does next: ``Predictive`` replays the model on the draws (the
+    posterior predictive counts come from each draw's own rates), ``arviz.from_numpyro`` and
+    ``bnp.diagnostics.to_arviz`` export them with the pointwise log likelihood and the extra
+    fields; the parameters come slot by slot in the clusters' first-appearance order."""
+    import warnings
+
+    from numpyro.infer import Predictive
+
+    mcmc = _run(bnp.SliceGibbs(model), jax.random.key(6), num_chains=2, chain_method="vectorized")
+    samples = mcmc.get_samples()
+    pred = Predictive(model, samples)(jax.random.key(7), X)["X"]
+    assert pred.shape == (60, 40)
+    z, rate = np.asarray(samples["z"]), np.asarray(samples["rate"])
+    mean = np.take_along_axis(rate, z, axis=1)  # each point's rate in each draw
+    assert abs(np.asarray(pred).mean() - mean.mean()) < 0.1 * mean.mean()
+    idata = bnp.diagnostics.to_arviz(mcmc)
+    assert idata.posterior["rate"].shape == (2, 30, 32)
+    assert idata.sample_stats["num_clusters"].shape == (2, 30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        import arviz
+
+        full = arviz.from_numpyro(mcmc)
+    assert full.log_likelihood["X"].shape == (2, 30, 40)
+    assert (np.asarray(full.posterior["z"])[..., 0] == 0).all()  # first appearance
+    assert np.all(np.asarray(full.posterior["rate"])[..., 0] < 8)  # the first point's cluster: low rate
