@@ -16,6 +16,8 @@ The helpers here make one ``jax.random.uniform`` call per draw and transform it:
   below ``0.05 ** rounds``) is redrawn by Cheng's algorithm from fresh uniforms in a
   ``while`` loop that runs no trip otherwise, so the law is exact. ``a < 1`` is boosted:
   ``log G = log G' + log(U) / a`` with ``G' ~ Gamma(a + 1)``.
+* :func:`log_uniform`: ``log U`` from the leading zero bits of 64 random bits and a
+  mantissa, exact far below ``log 2^-23`` (where a float32 uniform's ``log`` stops).
 * :func:`split_uniform` / :func:`cut`: one uniform draw cut into several arrays, so a
   caller can draw the uniforms of many variates at once and pass them to the
   ``*_from_uniform`` functions.

@@ -48,7 +48,7 @@ from .auxiliary import (DEFAULT_SPLIT_MERGE, AuxiliaryGibbs, ClusterModel, Clust
 from .clusters import raise_capacity_error_if, slot_order
 
 __all__ = ["SliceGibbs", "SliceGibbsState", "SliceState", "SliceInfo", "algorithm",
-           "stick_log_weights", "swap_log_ratio", "swap_positions", "slice_labels"]
+           "stick_log_weights", "position_log_prior", "swap_log_ratio", "swap_positions", "slice_labels"]
 
 
 def _stick_params(measure):
