@@ -152,7 +152,7 @@ class SliceState(NamedTuple):
 class SliceInfo(NamedTuple):
     num_clusters: jax.Array
     log_joint: jax.Array
-    num_accepted: jax.Array  # neighbouring swaps accepted
+    num_accepted: jax.Array  # neighbouring swaps, splits and merges accepted
 
 
 def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwargs=None, *,
@@ -225,7 +225,7 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
 
 class SliceGibbsState(NamedTuple):
     """``AuxiliaryGibbsState``'s fields and ``sticks``, each slot's stick-breaking position;
-    num_accepted: neighbouring swaps accepted in the step."""
+    num_accepted: neighbouring swaps, splits and merges accepted in the step."""
 
     z: dict
     log_joint: jax.Array
@@ -262,7 +262,7 @@ class SliceGibbs(AuxiliaryGibbs):
     ``DP(alpha)``, leave about ``log(100 n T) / log(1 + 1 / alpha)`` slots beyond the clusters
     for ``T`` iterations on ``n`` points (``DP(1)``: 27 at ``n = T = 1000``, 47 at ``n = 10^6``);
     Pitman-Yor needs far more (docs/mathematics.md §9). Extra fields
-    ``"log_joint"``, ``"num_clusters"``, ``"num_accepted"`` (swaps accepted).
+    ``"log_joint"``, ``"num_clusters"``, ``"num_accepted"`` (swaps, splits and merges accepted).
     """
 
     def __init__(self, model: Callable, *, num_swap_passes: int = 1,
