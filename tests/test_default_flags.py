@@ -163,43 +163,30 @@ def kernel(make):
     return go
 
 
-def poisson_model(C):  # any likelihood: parameters in a cluster plate (AuxiliaryGibbs)
-    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), C.shape[0]))
-    with numpyro.plate("clusters", 8):
-        rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
-    numpyro.sample("C", dist.Poisson(rate[z]), obs=C)
+def poisson_model(slots):  # any likelihood: parameters in a cluster plate
+    def model(C):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), C.shape[0]))
+        with numpyro.plate("clusters", slots):
+            rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+        numpyro.sample("C", dist.Poisson(rate[z]), obs=C)
+    return model
 
 
-def auxiliary():
-    C = jnp.asarray(np.round(3.0 * np.abs(X[:, 0])))
-    m = MCMC(bnp.AuxiliaryGibbs(poisson_model), num_warmup=2, num_samples=3, num_chains=2,
-             chain_method="vectorized", progress_bar=False)
-    m.run(KEY, C, extra_fields=("log_joint",))
-    labels("z", m.get_samples()["z"], (6, N))
-    floats("rate", m.get_samples()["rate"])
-    floats("log_joint", m.get_extra_fields()["log_joint"])
-
-
-def slice_model(C):  # the same with room for the sticks (SliceGibbs)
-    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), C.shape[0]))
-    with numpyro.plate("clusters", 32):
-        rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
-    numpyro.sample("C", dist.Poisson(rate[z]), obs=C)
-
-
-def slice_gibbs():
-    C = jnp.asarray(np.round(3.0 * np.abs(X[:, 0])))
-    m = MCMC(bnp.SliceGibbs(slice_model), num_warmup=2, num_samples=3, num_chains=2,
-             chain_method="vectorized", progress_bar=False)
-    m.run(KEY, C, extra_fields=("log_joint",))
-    labels("z", m.get_samples()["z"], (6, N))
-    floats("rate", m.get_samples()["rate"])
-    floats("log_joint", m.get_extra_fields()["log_joint"])
+def plate_kernel(kernel_cls, slots):
+    def go():
+        C = jnp.asarray(np.round(3.0 * np.abs(X[:, 0])))
+        m = MCMC(kernel_cls(poisson_model(slots)), num_warmup=2, num_samples=3, num_chains=2,
+                 chain_method="vectorized", progress_bar=False)
+        m.run(KEY, C, extra_fields=("log_joint",))
+        labels("z", m.get_samples()["z"], (6, N))
+        floats("rate", m.get_samples()["rate"])
+        floats("log_joint", m.get_extra_fields()["log_joint"])
+    return go
 
 
 if GROUP == "kernels":
-    run("AuxiliaryGibbs", auxiliary)
-    run("SliceGibbs", slice_gibbs)
+    run("AuxiliaryGibbs", plate_kernel(bnp.AuxiliaryGibbs, 8))
+    run("SliceGibbs", plate_kernel(bnp.SliceGibbs, 32))  # room for the sticks beyond the clusters
     run("CollapsedGibbs", kernel(lambda: bnp.CollapsedGibbs(partition_model)))
     run("SplitMerge", kernel(lambda: bnp.SplitMerge(partition_model, num_split_merge=2)))
     run("TreeGuidedMCMC trees=device", kernel(lambda: bnp.TreeGuidedMCMC(partition_model, num_global_moves=2)))

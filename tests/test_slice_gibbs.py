@@ -15,23 +15,7 @@ from numpyro.infer import MCMC, NUTS, Gibbs
 import jaxbnp as bnp
 from jaxbnp.inference.partition import slice_gibbs
 
-RNG = np.random.default_rng(0)
-X = jnp.asarray(np.concatenate([RNG.poisson(2.0, 20), RNG.poisson(30.0, 20)]).astype(float))
-
-
-def model(X):  # the issue's model, as written
-    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
-    with numpyro.plate("clusters", 32):
-        rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
-    numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
-
-
-def _run(kernel, key, num_chains=1, chain_method="sequential", data=X, **run_kwargs):
-    mcmc = MCMC(kernel, num_warmup=20, num_samples=30, num_chains=num_chains, chain_method=chain_method,
-                progress_bar=False)
-    fields = () if isinstance(kernel, Gibbs) else ("num_clusters", "log_joint", "num_accepted")
-    mcmc.run(key, data, extra_fields=fields, **run_kwargs)
-    return mcmc
+from .test_auxiliary import X, _run, model  # the issue's model as written (32 slots), its data
 
 
 def test_the_issue_model_runs_and_finds_the_two_groups():

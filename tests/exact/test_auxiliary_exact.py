@@ -49,12 +49,15 @@ def _student_model(X):
     numpyro.sample("X", dist.StudentT(3.0, mu[z], 1.0).to_event(1), obs=X)
 
 
-def _normal_model(X):
-    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
-    with numpyro.plate("clusters", SLOTS):
-        loc = numpyro.sample("loc", dist.Normal(0.0, 3.0))
-        scale = numpyro.sample("scale", dist.LogNormal(0.0, 0.5))
-    numpyro.sample("X", dist.Normal(loc[z], scale[z]), obs=X)
+def _normal_model(slots=SLOTS):
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+        with numpyro.plate("clusters", slots):
+            loc = numpyro.sample("loc", dist.Normal(0.0, 3.0))
+            scale = numpyro.sample("scale", dist.LogNormal(0.0, 0.5))
+        numpyro.sample("X", dist.Normal(loc[z], scale[z]), obs=X)
+
+    return model
 
 
 def _subset_log_marginals(log_lik_grid, log_prior_grid, log_cell):
@@ -142,8 +145,9 @@ def test_student_t_vector_mean_matches_enumeration():
     assert tv < TV_TOLERANCE, tv
 
 
-def test_two_parameter_sites_match_enumeration():
-    """Two sites in the cluster plate (a mean and a scale): ``m(X_c)`` on a 2-D grid."""
+def _two_site_target():
+    """``(X, partitions, posterior)`` for :func:`_normal_model`: ``m(X_c)`` on a 2-D grid of
+    the mean and the log scale."""
     X = np.array([-3.1, -2.4, -2.9, 0.2, 2.8, 3.5])
     loc = np.linspace(-15.0, 15.0, 1201)
     log_scale = np.linspace(-3.5, 3.5, 701)
@@ -152,8 +156,13 @@ def test_two_parameter_sites_match_enumeration():
     ll = stats.norm.logpdf(X[:, None], L[None], np.exp(S)[None])
     prior = stats.norm.logpdf(L, 0.0, 3.0) + stats.norm.logpdf(S, 0.0, 0.5)  # log scale ~ Normal
     log_cell = (_trapezoid_log_weights(loc)[:, None] + _trapezoid_log_weights(log_scale)[None]).ravel()
-    parts, probs = _exact(X, bnp.DP(1.0), _subset_log_marginals(ll, prior, log_cell))
-    tv = _mcmc_tv(_normal_model, X, parts, probs, 4000)
+    return (X, *_exact(X, bnp.DP(1.0), _subset_log_marginals(ll, prior, log_cell)))
+
+
+def test_two_parameter_sites_match_enumeration():
+    """Two sites in the cluster plate (a mean and a scale): ``m(X_c)`` on a 2-D grid."""
+    X, parts, probs = _two_site_target()
+    tv = _mcmc_tv(_normal_model(), X, parts, probs, 4000)
     assert tv < TV_TOLERANCE, tv
 
 

@@ -18,15 +18,14 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 import jaxbnp as bnp
 from jaxbnp._random import log_beta_pair
 from jaxbnp.inference.partition import slice_gibbs
 
 from .enumeration import total_variation
-from .test_auxiliary_exact import (POISSON_X, _exact, _poisson_marginals, _poisson_model,
-                                   _subset_log_marginals, _trapezoid_log_weights)
+from .test_auxiliary_exact import (POISSON_X, _exact, _normal_model, _poisson_marginals, _poisson_model,
+                                   _two_site_target)
 from .test_gibbs_exact import TV_TOLERANCE, _run
 
 
@@ -45,28 +44,10 @@ def test_poisson_lognormal_matches_enumeration(measure, slots, moves):
     assert tv < TV_TOLERANCE, tv
 
 
-def _normal_model(X):
-    import numpyro
-    import numpyro.distributions as dist
-
-    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
-    with numpyro.plate("clusters", 32):
-        loc = numpyro.sample("loc", dist.Normal(0.0, 3.0))
-        scale = numpyro.sample("scale", dist.LogNormal(0.0, 0.5))
-    numpyro.sample("X", dist.Normal(loc[z], scale[z]), obs=X)
-
-
 def test_two_parameter_sites_match_enumeration():
-    X = np.array([-3.1, -2.4, -2.9, 0.2, 2.8, 3.5])
-    loc = np.linspace(-15.0, 15.0, 1201)
-    log_scale = np.linspace(-3.5, 3.5, 701)
-    L, S = np.meshgrid(loc, log_scale, indexing="ij")
-    L, S = L.ravel(), S.ravel()
-    ll = stats.norm.logpdf(X[:, None], L[None], np.exp(S)[None])
-    prior = stats.norm.logpdf(L, 0.0, 3.0) + stats.norm.logpdf(S, 0.0, 0.5)
-    log_cell = (_trapezoid_log_weights(loc)[:, None] + _trapezoid_log_weights(log_scale)[None]).ravel()
-    parts, probs = _exact(X, bnp.DP(1.0), _subset_log_marginals(ll, prior, log_cell))
-    tv = _tv(_normal_model, X, parts, probs, 4000, num_split_merge=0)
+    """``test_auxiliary_exact.py``'s two-site target (a mean and a scale), on 32 slots."""
+    X, parts, probs = _two_site_target()
+    tv = _tv(_normal_model(32), X, parts, probs, 4000, num_split_merge=0)
     assert tv < TV_TOLERANCE, tv
 
 

@@ -62,7 +62,7 @@ from .kernels import fill_partition_site
 
 __all__ = ["AuxiliaryGibbs", "AuxiliaryGibbsState", "ClusterModelSpec", "AuxiliaryState", "AuxiliaryInfo",
            "ClusterModel", "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "slot_counts", "split_merge", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots",
-           "refresh_empty_slots", "update_slot_params"]
+           "refresh_empty_slots", "update_slot_params", "renumber_slots"]
 
 
 # ----------------------------------------------------------------------------- reading the model
@@ -505,6 +505,18 @@ def update_slot_params(m: "ClusterModel", key, labels, params, num_steps: int, s
     return {**params, **_unflatten(layout, spec, x)[0]}
 
 
+def renumber_slots(spec: ClusterModelSpec, labels, params):
+    """``(labels, params, order)``: the slots in order of first appearance, each parameter with
+    its slot (``order[j]``: the old slot now at ``j``), when the kernel owns every parameter
+    site; otherwise (another ``numpyro.infer.Gibbs`` block owns some) the slots stay where
+    they are and ``order`` is ``None``."""
+    if set(spec.owned_params) != set(spec.param_sites):
+        return labels, params, None
+    order, labels = slot_order(labels, spec.capacity)
+    params = {name: jnp.take(v, order, axis=spec.slot_axis(name)) for name, v in params.items()}
+    return labels, params, order
+
+
 # ----------------------------------------------------------------------------- the algorithm
 class AuxiliaryState(NamedTuple):
     """labels: ``(n,)`` slots in order of first appearance; params: every param site's value
@@ -531,11 +543,7 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
     capacity = spec.capacity
 
     def renumber(labels, params):
-        if set(spec.owned_params) != set(spec.param_sites):
-            return labels, params  # another block owns parameters: the slots stay where they are
-        order, labels = slot_order(labels, capacity)
-        params = {name: jnp.take(v, order, axis=spec.slot_axis(name)) for name, v in params.items()}
-        return labels, params
+        return renumber_slots(spec, labels, params)[:2]
 
     def init(key, labels, params):
         labels, params = renumber(jnp.asarray(labels, jnp.int32), params)
@@ -623,7 +631,7 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
                  num_param_steps: int = 1, step_size: float = 1.0, init_strategy: str = "one",
                  chain_batching: str = "auto"):
         if not callable(model):
-            raise ValueError("AuxiliaryGibbs(model): model must be a NumPyro model function.")
+            raise ValueError(f"{type(self).__name__}(model): model must be a NumPyro model function.")
         for name, value, low in (("num_sweeps", num_sweeps, 0), ("num_split_merge", num_split_merge, 0),
                                  ("num_param_steps", num_param_steps, 1)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:

@@ -32,7 +32,6 @@ is truncated silently. ``log R`` falls by about ``C / alpha`` for the DP but onl
 
 from __future__ import annotations
 
-import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -42,10 +41,11 @@ from jax import lax
 from jax.scipy.special import gammaln
 
 from ..._random import log_beta_pair, log_uniform
-from ..base import CHAIN_BATCHING, SamplingAlgorithm
+from ..base import SamplingAlgorithm
 from .auxiliary import (DEFAULT_SPLIT_MERGE, AuxiliaryGibbs, ClusterModel, ClusterModelSpec, refresh_empty_slots,
-                        slot_counts, split_choice_log_ratio, split_merge, update_slot_params)
-from .clusters import raise_capacity_error_if, slot_order
+                        renumber_slots, slot_counts, split_choice_log_ratio, split_merge,
+                        update_slot_params)
+from .clusters import raise_capacity_error_if
 
 __all__ = ["SliceGibbs", "SliceGibbsState", "SliceState", "SliceInfo", "algorithm",
            "stick_log_weights", "position_log_prior", "swap_log_ratio", "swap_positions", "slice_labels"]
@@ -69,7 +69,7 @@ def stick_log_weights(key, counts, alpha, d, dtype):
     later = jnp.sum(counts) - jnp.cumsum(counts)  # m_p
     a = 1.0 - d + counts
     b = alpha + jnp.arange(1, c + 1, dtype=dtype) * d + later
-    log_v, log_rest = log_beta_pair(key, a, jnp.broadcast_to(b, (c,)))
+    log_v, log_rest = log_beta_pair(key, a, b)
     before = jnp.concatenate([jnp.zeros(1, dtype), jnp.cumsum(log_rest)[:-1]])
     return log_v + before, jnp.sum(log_rest)
 
@@ -162,14 +162,10 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
     ``step(key, state)``; ``spec`` from :func:`~jaxbnp.inference.partition.auxiliary.find_cluster_spec`."""
     m = ClusterModel(model, spec, model_args, model_kwargs)
     capacity = spec.capacity
-    owns_all = set(spec.owned_params) == set(spec.param_sites)
 
-    def renumber(labels, params, sticks):
-        if not owns_all:
-            return labels, params, sticks  # another block owns parameters: slots stay put
-        order, labels = slot_order(labels, capacity)
-        params = {name: jnp.take(v, order, axis=spec.slot_axis(name)) for name, v in params.items()}
-        return labels, params, sticks[order]
+    def renumber(labels, params, sticks):  # each slot's position goes with it
+        labels, params, order = renumber_slots(spec, labels, params)
+        return labels, params, sticks if order is None else sticks[order]
 
     def init(key, labels, params):
         labels = jnp.asarray(labels, jnp.int32)
@@ -269,15 +265,10 @@ class SliceGibbs(AuxiliaryGibbs):
                  num_split_merge: int = DEFAULT_SPLIT_MERGE,
                  num_param_steps: int = 1, step_size: float = 1.0, init_strategy: str = "one",
                  chain_batching: str = "auto"):
-        if not callable(model):
-            raise ValueError("SliceGibbs(model): model must be a NumPyro model function.")
         if isinstance(num_swap_passes, bool) or not isinstance(num_swap_passes, (int, np.integer)) \
                 or num_swap_passes < 0:
             raise ValueError(f"num_swap_passes must be an integer >= 0, got {num_swap_passes!r}.")
-        if chain_batching not in CHAIN_BATCHING:
-            raise ValueError(f"chain_batching must be one of {CHAIN_BATCHING}, got {chain_batching!r}.")
-        if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
-            raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
+        # the model, the moves' counts, step_size, init_strategy, chain_batching: checked there
         super().__init__(model, num_sweeps=1, num_split_merge=num_split_merge, num_param_steps=num_param_steps,
                          step_size=step_size, init_strategy=init_strategy,
                          chain_batching=chain_batching)
