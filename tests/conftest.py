@@ -1,4 +1,5 @@
-"""Test configuration: float64 everywhere, 4 host devices for chain_method="parallel".
+"""Test configuration: float64 everywhere, 4 host devices for chain_method="parallel", and
+each pytest-xdist worker's XLA threads on a core of its own (``_start_xla_on_one_core``).
 
 Both settings must happen before JAX initialises its backend, hence here. XLA's
 backend optimisation level 0 and no CPU fusion emitters (``TEST_XLA_FLAGS``, also
@@ -22,6 +23,24 @@ for the next files that run the same functions.
 import gc
 import os
 
+
+def _pin_to_one_core() -> set | None:
+    """Pin this pytest-xdist worker to a core of its own (when there are at least as many
+    cores as workers) and return the cores it had, for :func:`_start_xla_on_one_core`."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if (not worker.startswith("gw") or not hasattr(os, "sched_setaffinity")
+            or os.environ.get("JAXBNP_TEST_PIN_WORKERS") == "0"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if not 0 < workers <= len(cores):
+        return None
+    os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+    return set(cores)
+
+
+_ALL_CORES = _pin_to_one_core()
+
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4 " + TEST_XLA_FLAGS)
 # the CLI and the estimators turn on JAX's persistent compilation cache in ~/.cache by
@@ -32,6 +51,30 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+
+def _start_xla_on_one_core(all_cores: set | None) -> None:
+    """XLA's CPU client started on the worker's one core, then this thread on every core again.
+
+    XLA:CPU sizes its thread pools to the cores a process may run on when its client starts,
+    runs a program's independent operations side by side on them, and their idle threads spin
+    while they look for work. With two workers on two cores, each worker's pools spun on both
+    cores and took time from the other worker. Started on one core, a worker's pools have one
+    thread each and stay on that core (threads keep the affinity they were created with); the
+    main thread, and so the subprocesses the tests start, get every core back, so that code
+    which counts the cores (``runner.cpu_cores``, the CLI's host devices) sees what it would
+    see outside the suite. Measured (nothing else running, ``-n 2``): four files
+    (``tests/exact/test_subcluster_exact.py``, ``tests/exact/test_gibbs_exact.py``,
+    ``tests/test_kernel.py``, ``tests/test_mapdp.py``) took 443 s unpinned and 403 s with the
+    whole worker on one core (CPU time 767 s and 650 s). ``JAXBNP_TEST_PIN_WORKERS=0``
+    turns it off."""
+    if all_cores is None:
+        return
+    jax.devices()
+    os.sched_setaffinity(0, all_cores)
+
+
+_start_xla_on_one_core(_ALL_CORES)
 
 
 MAX_MAPPED_REGIONS = 15_000
