@@ -59,15 +59,15 @@ def _start_xla_on_one_core(all_cores: set | None) -> None:
     XLA:CPU sizes its thread pools to the cores a process may run on when its client starts,
     runs a program's independent operations side by side on them, and their idle threads spin
     while they look for work. With two workers on two cores, each worker's pools spun on both
-    cores and took time from the other worker. Started on one core, a worker's pools have one
-    thread each and stay on that core (threads keep the affinity they were created with); the
+    cores and took time from the other worker. Started on one core, a worker's pools are sized
+    for one core and stay on it (threads keep the affinity they were created with); the
     main thread, and so the subprocesses the tests start, get every core back, so that code
     which counts the cores (``runner.cpu_cores``, the CLI's host devices) sees what it would
     see outside the suite. Measured (nothing else running, ``-n 2``): four files
     (``tests/exact/test_subcluster_exact.py``, ``tests/exact/test_gibbs_exact.py``,
-    ``tests/test_kernel.py``, ``tests/test_mapdp.py``) took 443 s unpinned and 403 s with the
-    whole worker on one core (CPU time 767 s and 650 s). ``JAXBNP_TEST_PIN_WORKERS=0``
-    turns it off."""
+    ``tests/test_kernel.py``, ``tests/test_mapdp.py``) took 443 s unpinned, 412 s so (CPU time
+    767 s and 660 s; benchmarks/results/suite_durations.md, thirteenth session).
+    ``JAXBNP_TEST_PIN_WORKERS=0`` turns it off."""
     if all_cores is None:
         return
     jax.devices()
