@@ -24,23 +24,6 @@ import gc
 import os
 
 
-def _pin_to_one_core() -> set | None:
-    """Pin this pytest-xdist worker to a core of its own (when there are at least as many
-    cores as workers) and return the cores it had, for :func:`_start_xla_on_one_core`."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if (not worker.startswith("gw") or not hasattr(os, "sched_setaffinity")
-            or os.environ.get("JAXBNP_TEST_PIN_WORKERS") == "0"):
-        return None
-    cores = sorted(os.sched_getaffinity(0))
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
-    if not 0 < workers <= len(cores):
-        return None
-    os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
-    return set(cores)
-
-
-_ALL_CORES = _pin_to_one_core()
-
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4 " + TEST_XLA_FLAGS)
 # the CLI and the estimators turn on JAX's persistent compilation cache in ~/.cache by
@@ -53,7 +36,19 @@ import pytest  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 
-def _start_xla_on_one_core(all_cores: set | None) -> None:
+def worker_core(cores: list) -> int | None:
+    """The core of ``cores`` this pytest-xdist worker starts XLA on (``gw0`` the first, ``gw1``
+    the second, ...), or ``None``: not an xdist worker, fewer cores than workers, no
+    ``sched_setaffinity`` or ``JAXBNP_TEST_PIN_WORKERS=0``."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if (not worker.startswith("gw") or not hasattr(os, "sched_setaffinity")
+            or os.environ.get("JAXBNP_TEST_PIN_WORKERS") == "0" or not 0 < workers <= len(cores)):
+        return None
+    return cores[int(worker[2:]) % len(cores)]
+
+
+def _start_xla_on_one_core() -> set | None:
     """XLA's CPU client started on the worker's one core, then this thread on every core again.
 
     XLA:CPU sizes its thread pools to the cores a process may run on when its client starts,
@@ -68,13 +63,18 @@ def _start_xla_on_one_core(all_cores: set | None) -> None:
     ``tests/test_kernel.py``, ``tests/test_mapdp.py``) took 443 s unpinned, 412 s so (CPU time
     767 s and 660 s; benchmarks/results/suite_durations.md, thirteenth session).
     ``JAXBNP_TEST_PIN_WORKERS=0`` turns it off."""
-    if all_cores is None:
-        return
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    core = worker_core(sorted(cores))
+    if core is None:
+        return None
+    os.sched_setaffinity(0, {core})
     jax.devices()
-    os.sched_setaffinity(0, all_cores)
+    os.sched_setaffinity(0, cores)
+    return cores
 
 
-_start_xla_on_one_core(_ALL_CORES)
+#: the cores this worker had before XLA started on one of them (``None``: nothing pinned)
+_ALL_CORES = _start_xla_on_one_core()
 
 
 MAX_MAPPED_REGIONS = 15_000

@@ -69,17 +69,15 @@ def test_suite_workers_start_xla_on_one_core():
     starts) has every core back; elsewhere nothing is pinned."""
     from . import conftest
 
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     cores = os.sched_getaffinity(0)
-    if not worker.startswith("gw") or not 0 < workers <= len(cores) \
-            or os.environ.get("JAXBNP_TEST_PIN_WORKERS") == "0":
+    core = conftest.worker_core(sorted(cores))
+    if core is None:
         assert conftest._ALL_CORES is None
         return
     assert conftest._ALL_CORES == cores and len(cores) >= 2
     threads = [os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")]
     assert sum(len(a) == 1 for a in threads) >= 1, threads  # XLA's pools, on one core
-    assert len({next(iter(a)) for a in threads if len(a) == 1}) == 1, threads
+    assert {next(iter(a)) for a in threads if len(a) == 1} == {core}, threads
     child = subprocess.run([sys.executable, "-c", "import os; print(len(os.sched_getaffinity(0)))"],
                            capture_output=True, text=True, check=True)
     assert int(child.stdout) == len(cores)
