@@ -112,9 +112,9 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
     :param tol: stop sweeping when a sweep lowers the NLL by less than this.
     :param max_iter: maximum number of iterations (sweeps, merge and split rounds).
     :param random_state: seed for the restarts' orders and the k-means++ start.
-    :param capacity: cluster slots; ``None`` starts at ``min(n, max(32, 2 *
-        init_clusters))`` (``min(n, 32)`` with ``init="one"``) and doubles
-        (refitting) whenever it runs out; clusters are never truncated.
+    :param capacity: cluster slots; ``None`` starts at ``max(32, 2 * init_clusters)``
+        (32 with ``init="one"``; at most the padded number of rows, below) and doubles
+        (refitting, up to ``n``) whenever it runs out; clusters are never truncated.
     :param block_size: points per block in batched mode.
     :param split_moves: when the sweeps (and merges) have converged, propose
         splitting every cluster in two and keep splits that lower the NLL,
@@ -137,6 +137,13 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
 
     A fit that ends with all ``n > 1`` points in one cluster warns with
     :class:`SingleClusterWarning`, whatever the options.
+
+    Compiled once per size class: the fit runs on ``mapdp.padded_size(n)`` rows (at least
+    128, then eight sizes per doubling, so at most 1/8 of them padding), the data followed
+    by copies of its first row that belong to no cluster and count in nothing
+    (``mapdp.fit``'s ``num_points``). Data sets of nearby sizes (cross-validation folds,
+    ``GridSearchCV``, new batches) reuse one compiled program; the result is that of the
+    same algorithm on the ``n`` points alone.
 
     Fitted attributes: ``labels_``, ``n_clusters_``, ``nll_`` (``−log p(X, Π)``),
     ``n_iter_`` and ``nll_trace_`` (of the run over all points; with a subsample
@@ -230,12 +237,16 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         else:
             family = self.family
         X = check_data(X, family=family)
-        Xj = jnp.asarray(X, dtype=jnp.result_type(float))
-        init_clusters = min(int(self.init_clusters), n) if self.init == "kmeans++" else 1
+        # padded to one of a few sizes (copies of the first row, which are not points), so
+        # that data sets of nearby sizes share one compiled program (mapdp.fit, num_points)
+        rows = mapdp_core.padded_size(n)
+        Xj = jnp.asarray(np.concatenate([X, np.repeat(X[:1], rows - n, axis=0)]),
+                         dtype=jnp.result_type(float))
+        init_clusters = min(int(self.init_clusters), rows) if self.init == "kmeans++" else 1
         if self.capacity is not None:
             capacity = min(int(self.capacity), n)
         else:
-            capacity = min(n, max(32, 2 * init_clusters))
+            capacity = min(rows, max(32, 2 * init_clusters))
         seed = 0 if self.random_state is None else int(self.random_state)
         key = jax.random.key(seed)
         options = dict(mode=self.mode, n_restarts=int(self.n_restarts), tol=float(self.tol),
@@ -243,8 +254,8 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         moves = dict(split_moves=bool(self.split_moves), merge_moves=bool(self.merge_moves))
         subsample = self.init == "kmeans++" and self.init_size is not None and n > self.init_size
         if subsample:
-            rows = np.sort(np.random.default_rng(seed).choice(n, int(self.init_size), replace=False))
-            Xsub = Xj[jnp.asarray(rows)]
+            sub = np.sort(np.random.default_rng(seed).choice(n, int(self.init_size), replace=False))
+            Xsub = Xj[jnp.asarray(sub)]
         while True:
             if subsample:
                 # the start and the moves on a subsample; every point to its best cluster of
@@ -255,17 +266,19 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
                     labels0 = mapdp_core.seed_labels(Xj, start.clusters, measure, family,
                                                      int(self.block_size))
                     best, runs = mapdp_core.fit(key, Xj, measure, family, capacity,
-                                                **dict(options, n_restarts=1), init_labels=labels0)
+                                                **dict(options, n_restarts=1), init_labels=labels0,
+                                                num_points=n)
             else:
                 best, runs = mapdp_core.fit(key, Xj, measure, family, capacity, **options, **moves,
-                                            init_clusters=min(init_clusters, capacity))
+                                            init_clusters=min(init_clusters, capacity),
+                                            num_points=n)
             if not bool(jnp.any(runs.clusters.overflow)):
                 break
             if capacity >= n:  # pragma: no cover - n slots can always hold n clusters
                 raise CapacityError("MAP-DP needed more than n clusters.")
             capacity = min(2 * capacity, n)
         clusters = best.clusters
-        slot_labels = np.asarray(clusters.labels)
+        slot_labels = np.asarray(clusters.labels)[:n]
         used = np.flatnonzero(np.asarray(clusters.counts) > 0)
         remap = np.full(capacity, -1)
         remap[used] = np.arange(len(used))

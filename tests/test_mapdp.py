@@ -457,9 +457,10 @@ def test_merge_round_exact_and_monotone(measure):
 
 @pytest.mark.parametrize("n", [1, 2, 5])
 def test_defaults_on_fewer_points_than_the_start_has_clusters(n):
-    """With n <= init_clusters the k-means++ start puts every point in its own slot and every
-    slot is in use; a point alone in its cluster that prefers a new cluster keeps its own slot
-    (a free slot is not needed), so there is no overflow and no CapacityError."""
+    """With n <= init_clusters the k-means++ start puts every point in its own slot (the
+    seeds beyond the n points repeat one and leave their slots empty); the fit runs and
+    raises no CapacityError. (A point alone in its cluster that prefers a new one keeps its
+    own slot when every slot is in use: test_block_proposal_lets_a_lone_point_keep_its_slot.)"""
     X = np.arange(2.0 * n).reshape(n, 2) * 10.0
     # the diagonal prior (the default for n < 3 here): each point stays in a cluster of its
     # own, no warning; the full prior, the default from n = 3, puts these collinear points in
@@ -479,3 +480,68 @@ def test_block_proposal_lets_a_lone_point_keep_its_slot():
         family.prior_predictive_params(1, X.dtype))
     np.testing.assert_array_equal(proposal, [0, 1])
     assert not bool(overflow)
+
+
+def _padded(X, rows):
+    """``X`` followed by copies of its first row, ``rows`` rows in all (as ``MAPDP()`` pads)."""
+    return jnp.asarray(np.concatenate([X, np.repeat(X[:1], rows - len(X), axis=0)]))
+
+
+@pytest.mark.parametrize("mode", ["sequential", "batched"])
+def test_padded_rows_change_nothing(mode):
+    """``fit(..., num_points=n)`` on ``X`` plus padding rows is the fit of ``X`` alone: from
+    the same start and in index order, the same labels, NLL trace and iterations; with the
+    k-means++ start, restarts, merge and split moves, the padding rows end in no cluster
+    (label ``capacity``), the counts add up to ``n`` and the NLL is that of the points'
+    partition. A padded row that joined a cluster or a sweep would change the sums."""
+    X, _, family = _uci(load_wine)
+    X = X[:150]
+    n, rows, capacity = X.shape[0], 208, 64
+    start = jnp.asarray(np.random.default_rng(0).integers(0, 6, n), jnp.int32)
+    key = jax.random.key(3)
+    plain, _ = mapdp_core.fit(key, jnp.asarray(X), bnp.DP(1.0), family, capacity, mode=mode,
+                              block_size=16, init_labels=start)
+    pad, _ = mapdp_core.fit(key, _padded(X, rows), bnp.DP(1.0), family, capacity, mode=mode,
+                            block_size=16, init_labels=jnp.zeros(rows, jnp.int32).at[:n].set(start),
+                            num_points=n)
+    assert int(plain.n_iter) >= 2  # the sweeps moved points
+    labels = np.asarray(pad.clusters.labels)
+    np.testing.assert_array_equal(labels[:n], np.asarray(plain.clusters.labels))
+    np.testing.assert_array_equal(labels[n:], capacity)
+    assert int(pad.n_iter) == int(plain.n_iter)
+    np.testing.assert_allclose(np.asarray(pad.nll_trace), np.asarray(plain.nll_trace), rtol=1e-12)
+
+    best, runs = mapdp_core.fit(key, _padded(X, rows), bnp.DP(1.0), family, capacity, mode=mode,
+                                block_size=16, n_restarts=2, split_moves=True, merge_moves=True,
+                                init_clusters=16, num_points=n)
+    labels = np.asarray(best.clusters.labels)
+    np.testing.assert_array_equal(np.asarray(runs.clusters.labels)[:, n:], capacity)
+    assert int(np.sum(np.asarray(best.clusters.counts))) == n
+    assert np.all(labels[:n] < capacity) and np.sum(np.asarray(best.clusters.counts) > 0) >= 2
+    points = init_clusters(family, jnp.asarray(X), jnp.asarray(labels[:n]), capacity)
+    np.testing.assert_allclose(
+        float(best.nll), float(mapdp_core.negative_log_joint(points, bnp.DP(1.0), family)), rtol=1e-12)
+    trace = np.asarray(best.nll_trace)[: int(best.n_iter) + 1]
+    assert np.all(np.diff(trace) <= 1e-12 * np.abs(trace[:-1]))
+
+
+def test_fits_of_nearby_sizes_share_one_program():
+    """``MAPDP()`` pads the data to ``mapdp.padded_size(n)`` rows: fits of 150, 160 and 145
+    points (one size class) compile the fit once, a new size class compiles it again."""
+    X, _, _ = _uci(load_wine)
+    sizes = [mapdp_core.padded_size(m) for m in (150, 160, 145, 170)]
+    assert sizes[:3] == [160] * 3 and sizes[3] == 176
+    before = mapdp_core.fit._cache_size()
+    fits = [MAPDP(random_state=0).fit(X[:m]) for m in (150, 160, 145)]
+    assert mapdp_core.fit._cache_size() - before <= 1
+    assert [f.labels_.shape for f in fits] == [(150,), (160,), (145,)]
+    MAPDP(random_state=0).fit(X[:170])
+    assert mapdp_core.fit._cache_size() - before == 2
+
+
+def test_padded_size():
+    assert [mapdp_core.padded_size(m) for m in (1, 128, 129, 144, 145, 1000, 10**6)] == [
+        128, 128, 144, 144, 160, 1024, 1048576]
+    for m in range(1, 5000):
+        rows = mapdp_core.padded_size(m)
+        assert m <= rows <= max(128, m + m // 8)

@@ -117,9 +117,14 @@ def assignment_sweep(
     noise: jax.Array | None = None,
     order: jax.Array | None = None,
     block_size: int = BLOCK_SIZE,
+    num_steps: jax.Array | None = None,
 ) -> ClusterState:
     """Visit the points listed in ``order`` (default ``0..n-1``; repeats allowed); each
     leaves its cluster and joins one drawn from ``log w_k + log p(x_i | X_k)``.
+
+    ``num_steps`` (a traced integer, default ``len(order)``): visit only the first
+    ``num_steps`` entries of ``order`` (MAP-DP's padded fits: the rows after the data are
+    not points).
 
     ``noise`` decides how: ``None`` takes the argmax (MAP-DP's iterated conditional
     modes step, docs/mathematics.md §3: the argmax of the conditional is the argmin of
@@ -146,6 +151,9 @@ def assignment_sweep(
     B = max(1, min(int(block_size), steps))
     num_blocks = -(-steps // B)
     padded = jnp.concatenate([order, jnp.full((num_blocks * B - steps,), order[-1], order.dtype)])
+    # entries visited: all of ``order``, or its first ``num_steps`` (then the loop over the
+    # blocks stops after the last block that holds one)
+    limit = steps if num_steps is None else num_steps
     rank_one = hasattr(family, "params_add") and hasattr(family, "params_remove")
     removed_score = hasattr(family, "log_predictive_removed")
     slots = jnp.arange(capacity)
@@ -176,7 +184,7 @@ def assignment_sweep(
         def step(j, c):
             own, counts, table, stats_table, overflow, scores = c
             t = b * B + j
-            valid = t < steps
+            valid = t < limit
             i, x, old = idx[j], Xb[j], own[j]
             # remove point i from its cluster (the counts array changes only if it moves)
             at_old = slots == old
@@ -252,8 +260,9 @@ def assignment_sweep(
         labels = labels.at[idx].set(own)
         return labels, counts, table, stats_table, overflow
 
+    blocks = num_blocks if num_steps is None else (num_steps + B - 1) // B
     labels, counts, _, _, overflow = lax.fori_loop(
-        0, num_blocks, block, (clusters.labels, clusters.counts, table, stats_table, clusters.overflow)
+        0, blocks, block, (clusters.labels, clusters.counts, table, stats_table, clusters.overflow)
     )
     # the statistics move with the points that changed cluster (exact sums, no drift)
     changed = labels != clusters.labels

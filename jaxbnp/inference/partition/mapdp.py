@@ -94,6 +94,13 @@ With ``split_moves=False``, ``merge_moves=False`` and ``init_clusters=1``
 (:func:`fit`'s defaults; ``MAPDP.paper()``) and ``mode="sequential"`` a run
 is the paper's algorithm exactly.
 
+Padding (``num_points``): :func:`fit` can run on ``X`` followed by rows that are not points
+(``MAPDP()`` pads to :func:`padded_size` rows, so that nearby sizes share one compiled
+program). Those rows carry the label ``capacity``, outside every slot: segment sums drop
+them, the sweeps stop after the points, the k-means++ start and the Lloyd iterations give
+them no weight, and merge and split rounds leave their label alone. From the same start
+and in index order the result is the unpadded fit's (tests/test_mapdp.py).
+
 Restarts: ``n_restarts`` random point orders (and k-means++ seeds); sequential restarts are
 ``jax.vmap``-ed over PRNG keys, batched restarts run one after another
 (``lax.map``) so that the fallback branch is only computed when taken. The
@@ -129,6 +136,7 @@ __all__ = [
     "kmeanspp_labels",
     "default_prior",
     "default_covariance",
+    "padded_size",
 ]
 
 
@@ -154,9 +162,13 @@ def negative_log_joint(clusters: ClusterState, measure: Measure, family) -> jax.
 
 def batched_sweep(
     clusters: ClusterState, X: jax.Array, measure: Measure, family, block_size: int,
-    order: jax.Array | None = None,
+    order: jax.Array | None = None, num_points: jax.Array | None = None,
 ) -> ClusterState:
-    """One batched MAP-DP sweep with the monotone block rule (module docstring)."""
+    """One batched MAP-DP sweep with the monotone block rule (module docstring).
+
+    ``num_points`` (traced): only the first ``num_points`` entries of ``order`` are points
+    (:func:`fit`'s padded rows come after them); the blocks after the last point are not run.
+    """
     n = X.shape[0]
     capacity = clusters.counts.shape[0]
     order = jnp.arange(n) if order is None else order
@@ -164,7 +176,7 @@ def batched_sweep(
     pad = num_blocks * block_size - n
     # padding repeats the last point: masked out of the joint step, harmless in ICM
     padded = jnp.concatenate([order, jnp.full((pad,), order[-1], order.dtype)])
-    valid_all = jnp.arange(num_blocks * block_size) < n
+    valid_all = jnp.arange(num_blocks * block_size) < (n if num_points is None else num_points)
     prior_params = family.prior_predictive_params(X.shape[1], X.dtype)
 
     def block(b, st: ClusterState) -> ClusterState:
@@ -188,13 +200,17 @@ def batched_sweep(
             overflow,
         )
         ok = negative_log_joint(joint, measure, family) <= negative_log_joint(st, measure, family)
+        # the fallback visits the block's points (with padded rows, the valid ones: a prefix)
+        steps = None if num_points is None else jnp.sum(valid)
         return lax.cond(
             ok,
             lambda: joint,
-            lambda: assignment_sweep(st, X, measure, family, order=idx),
+            lambda: assignment_sweep(st, X, measure, family, order=idx, num_steps=steps),
         )
 
-    return lax.fori_loop(0, num_blocks, block, clusters)
+    if num_points is None:
+        return lax.fori_loop(0, num_blocks, block, clusters)
+    return lax.fori_loop(0, (num_points + block_size - 1) // block_size, block, clusters)
 
 
 def block_proposal(
@@ -278,11 +294,15 @@ def block_delta(ps, valid: jax.Array, proposal: jax.Array, own: jax.Array, capac
 LLOYD_SAMPLE = 16384  # points used by the split proposals' Lloyd iterations
 
 
-def lloyd_sample(key: jax.Array, n: int, m: int) -> jax.Array:
+def lloyd_sample(key: jax.Array, n: int, m: int, num_points: jax.Array | None = None) -> jax.Array:
     """``m`` of the ``n`` point indices for the Lloyd iterations: all of them when ``m == n``,
     else ``m`` drawn uniformly with replacement (sampling without replacement shuffles all
-    ``n`` indices, three sorts of ``n`` keys: seconds at ``n = 10^6`` on a CPU)."""
-    return jnp.arange(n) if m >= n else jax.random.randint(key, (m,), 0, n)
+    ``n`` indices, three sorts of ``n`` keys: seconds at ``n = 10^6`` on a CPU). With
+    ``num_points`` (traced; :func:`fit`'s padded rows), the ``m`` are drawn from the first
+    ``num_points`` rows."""
+    if m >= n:
+        return jnp.arange(n)
+    return jax.random.randint(key, (m,), 0, n if num_points is None else num_points)
 
 
 def _seg_argmax(values: jax.Array, labels: jax.Array, capacity: int) -> jax.Array:
@@ -293,7 +313,7 @@ def _seg_argmax(values: jax.Array, labels: jax.Array, capacity: int) -> jax.Arra
     return jnp.maximum(jax.ops.segment_max(cand, labels, num_segments=capacity), 0)
 
 
-def _propose_split(key, clusters, Xs, X, measure, family, num_seeds, lloyd_iters):
+def _propose_split(key, clusters, Xs, X, measure, family, num_seeds, lloyd_iters, num_points=None):
     """One two-way split proposal per slot: ``(side (n,), gain (capacity,))``.
 
     Every slot's members are clustered into ``num_seeds`` groups (k-means++
@@ -323,7 +343,8 @@ def _propose_split(key, clusters, Xs, X, measure, family, num_seeds, lloyd_iters
 
     # Lloyd iterations on a random subsample of at most LLOYD_SAMPLE points
     m = min(n, LLOYD_SAMPLE)
-    idx = lloyd_sample(keys[-1], n, m)
+    idx = lloyd_sample(keys[-1], n, m, num_points)
+    # (padded rows, whose label is ``capacity``, fall outside every segment below)
     Ysub, lab_sub = Xs[idx], labels[idx]
     segs = num_seeds * capacity
 
@@ -377,6 +398,7 @@ def _propose_split(key, clusters, Xs, X, measure, family, num_seeds, lloyd_iters
 def split_round(
     key: jax.Array, clusters: ClusterState, X: jax.Array, measure: Measure, family,
     scale: jax.Array, seeds: tuple[int, ...] = (4, 4, 4, 4), lloyd_iters: int = 10,
+    num_points: jax.Array | None = None,
 ) -> ClusterState:
     """One round of split moves (module docstring); never increases the NLL.
 
@@ -387,7 +409,8 @@ def split_round(
     compact group be peeled off a large cluster) and keeps its best. When
     there are fewer free slots than good splits, the best splits are made and
     the others are proposed again in a later round; with no free slot at all,
-    ``overflow`` is set.
+    ``overflow`` is set. Rows labelled ``capacity`` (:func:`fit`'s padded rows; then
+    ``num_points`` is the number of points before them) are not points and keep that label.
     """
     labels, counts = clusters.labels, clusters.counts
     capacity = counts.shape[0]
@@ -398,7 +421,8 @@ def split_round(
     for m in sorted(set(seeds)):  # proposals with the same number of seeds are vmapped
         ks = keys[jnp.asarray([i for i, v in enumerate(seeds) if v == m])]
         sd, g = jax.vmap(
-            lambda k: _propose_split(k, clusters, Xs, X, measure, family, m, lloyd_iters)  # noqa: B023
+            lambda k: _propose_split(k, clusters, Xs, X, measure, family, m, lloyd_iters,  # noqa: B023
+                                     num_points)
         )(ks)
         sides.append(sd)
         gains.append(g)
@@ -416,7 +440,9 @@ def split_round(
     def propose(accept):
         fits = accept & (gain_rank < num_free)
         target = free_slots[jnp.clip(jnp.cumsum(fits) - 1, 0, capacity - 1)]
-        new_labels = jnp.where(fits[labels] & (side == 1), target[labels], labels)
+        # a padded row (label ``capacity``) reads the appended False and keeps its label
+        moves = jnp.append(fits, False)[labels] & (side == 1)
+        new_labels = jnp.where(moves, target[jnp.minimum(labels, capacity - 1)], labels)
         st = clusters_from_labels(family, X, new_labels, capacity,
                                   clusters.overflow | (jnp.any(accept) & (num_free == 0)))
         return st, negative_log_joint(st, measure, family)
@@ -435,39 +461,45 @@ def split_round(
     return out._replace(overflow=out.overflow | full)
 
 
-def kmeanspp_labels(key: jax.Array, Xs: jax.Array, k: int, lloyd_iters: int = 20) -> jax.Array:
+def kmeanspp_labels(key: jax.Array, Xs: jax.Array, k: int, lloyd_iters: int = 20,
+                    num_points: jax.Array | None = None) -> jax.Array:
     """Labels ``(n,)`` in ``0..k-1``: k-means++ seeding, then ``lloyd_iters`` Lloyd iterations.
 
     ``Xs`` are standardised coordinates. Seeding and Lloyd iterations use a random
     subsample of at most ``LLOYD_SAMPLE`` points; every point then goes to its
     nearest centre. Duplicate seeds leave some labels unused (empty slots).
+    ``num_points`` (traced): only the first ``num_points`` rows are points (:func:`fit`'s
+    padded rows after them are never seeds and weigh nothing in the Lloyd means).
     """
     n, _ = Xs.shape
     m = min(n, LLOYD_SAMPLE)
     k_sub, k_first, k_seed = jax.random.split(key, 3)
-    Y = Xs[lloyd_sample(k_sub, n, m)] if m < n else Xs
+    Y = Xs[lloyd_sample(k_sub, n, m, num_points)] if m < n else Xs
+    # weights of Y's rows: 0 for padded rows (only when Y is all of Xs)
+    w = (jnp.ones(m, Xs.dtype) if num_points is None or m < n
+         else (jnp.arange(m) < num_points).astype(Xs.dtype))
 
     def sqdist(A, mu):  # (points, k) squared distances without a (points, k, D) tensor
         return jnp.maximum(
             jnp.sum(A * A, 1)[:, None] - 2.0 * A @ mu.T + jnp.sum(mu * mu, 1)[None, :], 0.0
         )
 
-    first = jax.random.randint(k_first, (), 0, m)
+    first = jax.random.randint(k_first, (), 0, m if num_points is None or m < n else num_points)
     seeds = jnp.zeros((k, Xs.shape[1]), Xs.dtype).at[0].set(Y[first])
-    nearest = jnp.sum((Y - Y[first]) ** 2, axis=1)
+    nearest = jnp.sum((Y - Y[first]) ** 2, axis=1) * w  # a padded row is never a seed
 
     def seed(j, carry):
         mu, near = carry
         log_d = jnp.where(near > 0, jnp.log(jnp.where(near > 0, near, 1.0)), -jnp.inf)
         i = jnp.argmax(log_d + jax.random.gumbel(jax.random.fold_in(k_seed, j), (m,), Xs.dtype))
-        return mu.at[j].set(Y[i]), jnp.minimum(near, jnp.sum((Y - Y[i]) ** 2, axis=1))
+        return mu.at[j].set(Y[i]), jnp.minimum(near, jnp.sum((Y - Y[i]) ** 2, axis=1) * w)
 
     seeds, _ = lax.fori_loop(1, k, seed, (seeds, nearest))
 
     def lloyd(_, mu):
         a = jnp.argmin(sqdist(Y, mu), axis=1)
-        tot = jax.ops.segment_sum(Y, a, num_segments=k)
-        cnt = jax.ops.segment_sum(jnp.ones(m, Xs.dtype), a, num_segments=k)
+        tot = jax.ops.segment_sum(Y * w[:, None], a, num_segments=k)
+        cnt = jax.ops.segment_sum(w, a, num_segments=k)
         return jnp.where(cnt[:, None] > 0, tot / jnp.maximum(cnt, 1.0)[:, None], mu)
 
     mu = lax.fori_loop(0, lloyd_iters, lloyd, seeds)
@@ -486,7 +518,8 @@ def merge_round(
     the EPPF). Each cluster picks its best partner; pairs that picked each other
     with a positive gain are candidates (disjoint). The round keeps the best of
     three partitions by exact NLL: all those merges, the single best merge, or
-    no merge. ``clusters.stats`` must match the labels.
+    no merge. ``clusters.stats`` must match the labels. Rows labelled ``capacity``
+    (:func:`fit`'s padded rows) are not points and keep that label.
     """
     labels, counts, stats = clusters.labels, clusters.counts, clusters.stats
     capacity = counts.shape[0]
@@ -521,6 +554,7 @@ def merge_round(
 
     def propose(accept):
         target = slots.at[jnp.where(accept, best_partner, capacity)].set(slots, mode="drop")
+        target = jnp.append(target, capacity)  # a padded row keeps the label ``capacity``
         st = clusters_from_labels(family, X, target[labels], capacity, clusters.overflow)
         return st, negative_log_joint(st, measure, family)
 
@@ -537,16 +571,25 @@ def merge_round(
 
 def _one_run(
     key, X, measure, family, capacity, order, mode, block_size, tol, max_iter, split_moves,
-    merge_moves=False, init_clusters=1, init_labels=None,
+    merge_moves=False, init_clusters=1, init_labels=None, num_points=None,
 ) -> MAPDPResult:
-    scale = jnp.where(jnp.std(X, axis=0) > 0, jnp.std(X, axis=0), 1.0)
+    if num_points is None:
+        centre, std = jnp.mean(X, axis=0), jnp.std(X, axis=0)
+    else:  # the first num_points rows are the points (fit's padded rows)
+        valid = jnp.arange(X.shape[0]) < num_points
+        w = valid.astype(X.dtype)[:, None]
+        centre = jnp.sum(X * w, axis=0) / num_points
+        std = jnp.sqrt(jnp.sum(((X - centre) * w) ** 2, axis=0) / num_points)
+    scale = jnp.where(std > 0, std, 1.0)
     if init_labels is not None:
         labels0 = init_labels.astype(jnp.int32)
     elif init_clusters > 1:
-        labels0 = kmeanspp_labels(jax.random.fold_in(key, 0x5EED), (X - jnp.mean(X, axis=0)) / scale,
-                                  min(init_clusters, capacity, X.shape[0]))
+        labels0 = kmeanspp_labels(jax.random.fold_in(key, 0x5EED), (X - centre) / scale,
+                                  min(init_clusters, capacity, X.shape[0]), num_points=num_points)
     else:
         labels0 = jnp.zeros(X.shape[0], jnp.int32)
+    if num_points is not None:  # padded rows sit in no slot: outside every segment sum
+        labels0 = jnp.where(valid, labels0, capacity)
     state = clusters_from_labels(family, X, labels0, capacity)
     nll0 = negative_log_joint(state, measure, family)
     trace0 = jnp.full((max_iter + 1,), jnp.nan, X.dtype).at[0].set(nll0)
@@ -556,15 +599,16 @@ def _one_run(
 
     def sweep(st):
         if mode == "sequential":
-            return assignment_sweep(st, X, measure, family, order=order)
-        return batched_sweep(st, X, measure, family, block_size, order=order)
+            return assignment_sweep(st, X, measure, family, order=order, num_steps=num_points)
+        return batched_sweep(st, X, measure, family, block_size, order=order, num_points=num_points)
 
     def step(phase, st, it):
         branches = [sweep]
         branches.append((lambda s: merge_round(s, X, measure, family, scale)) if merge_moves
                         else (lambda s: s))
         branches.append(
-            (lambda s: split_round(jax.random.fold_in(key, it), s, X, measure, family, scale))
+            (lambda s: split_round(jax.random.fold_in(key, it), s, X, measure, family, scale,
+                                   num_points=num_points))
             if split_moves else (lambda s: s)
         )
         if not moves:
@@ -637,6 +681,7 @@ def fit(
     merge_moves: bool = False,
     init_clusters: int = 1,
     init_labels: jax.Array | None = None,
+    num_points: jax.Array | int | None = None,
 ) -> tuple[MAPDPResult, MAPDPResult]:
     """Run MAP-DP ``n_restarts`` times; return ``(best, all_runs)``.
 
@@ -650,17 +695,28 @@ def fit(
     ``init_labels``: an ``(n,)`` start in slots ``0 .. capacity - 1`` (e.g.
     :func:`seed_labels` of a subsample's fit), used instead of the one-cluster
     or k-means++ start; such a run starts with sweeps.
+
+    ``num_points`` (a traced integer; default all rows): only the first ``num_points`` rows
+    of ``X`` are points, the rows after them are padding (any values the family accepts).
+    Padding every data set to a few sizes (:func:`padded_size`) lets fits of different
+    sizes share one compiled program, as ``MAPDP()`` does. Padded rows sit in no cluster:
+    their label in the result is ``capacity``, and they count in no statistic, no NLL and
+    no sweep (each sweep visits the points in a random order of its own, then the rows).
     """
     n = X.shape[0]
     if shuffle is None:
         shuffle = n_restarts > 1
     keys = jax.random.split(key, n_restarts)
     orders = jax.vmap(lambda k: jax.random.permutation(k, n))(keys)
+    if num_points is not None:
+        num_points = jnp.asarray(num_points, jnp.int32)
+        # the points first, in the permutation's order (a uniform order of the points)
+        orders = jax.vmap(lambda o: o[jnp.argsort(o >= num_points, stable=True)])(orders)
     if not shuffle:
         orders = orders.at[0].set(jnp.arange(n))
     run = lambda ko: _one_run(  # noqa: E731
         ko[0], X, measure, family, capacity, ko[1], mode, block_size, tol, max_iter, split_moves,
-        merge_moves, init_clusters, init_labels,
+        merge_moves, init_clusters, init_labels, num_points,
     )
     if n_restarts == 1:  # no batching: lax.cond runs one branch (under vmap it runs both)
         runs = jax.tree.map(lambda x: x[None], run((keys[0], orders[0])))
@@ -705,6 +761,23 @@ def seed_labels(X: jax.Array, seed: ClusterState, measure: Measure, family,
         return jnp.argmax(predict_log_weights(x[None], seed, measure, family)[0][0]).astype(jnp.int32)
 
     return lax.map(best, X, batch_size=block_size)
+
+
+#: the smallest size :func:`padded_size` pads to
+PADDED_MIN = 128
+
+
+def padded_size(n: int) -> int:
+    """The number of rows ``MAPDP()`` pads ``n`` points to, so that data sets of nearby sizes
+    share one compiled program (:func:`fit`'s ``num_points``): ``PADDED_MIN`` (128) up to
+    128 points, then the smallest ``m 2^k >= n`` with ``8 <= m <= 15`` (eight sizes per
+    doubling: at most 1/8 of the rows are padding)."""
+    n = int(n)
+    if n <= PADDED_MIN:
+        return PADDED_MIN
+    k = max(0, n.bit_length() - 4)
+    m = -(-n // (1 << k))  # ceil(n / 2^k), 8..16
+    return m << k
 
 
 PRIOR_GROUPS = 32  # k-means groups behind the default prior's within-cluster covariance
