@@ -142,8 +142,9 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
     128, then eight sizes per doubling, so at most 1/8 of them padding), the data followed
     by copies of its first row that belong to no cluster and count in nothing
     (``mapdp.fit``'s ``num_points``). Data sets of nearby sizes (cross-validation folds,
-    ``GridSearchCV``, new batches) reuse one compiled program; the result is that of the
-    same algorithm on the ``n`` points alone.
+    ``GridSearchCV``, new batches) reuse one compiled program. The fit is the same algorithm
+    on the ``n`` points alone (from the same start and order, the same result; the random
+    orders and k-means++ draws of a key depend on the padded size).
 
     Fitted attributes: ``labels_``, ``n_clusters_``, ``nll_`` (``−log p(X, Π)``),
     ``n_iter_`` and ``nll_trace_`` (of the run over all points; with a subsample
