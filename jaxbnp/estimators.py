@@ -256,13 +256,16 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         subsample = self.init == "kmeans++" and self.init_size is not None and n > self.init_size
         if subsample:
             sub = np.sort(np.random.default_rng(seed).choice(n, int(self.init_size), replace=False))
+            # padded too (copies of its first point): the same program as a fit of that size
+            sub = np.concatenate([sub, np.repeat(sub[:1], mapdp_core.padded_size(len(sub)) - len(sub))])
             Xsub = Xj[jnp.asarray(sub)]
         while True:
             if subsample:
                 # the start and the moves on a subsample; every point to its best cluster of
                 # that fit; then sweeps over all points (docstring)
                 start, runs = mapdp_core.fit(key, Xsub, measure, family, capacity, **options,
-                                             **moves, init_clusters=min(init_clusters, capacity))
+                                             **moves, init_clusters=min(init_clusters, capacity),
+                                             num_points=int(self.init_size))
                 if not bool(jnp.any(runs.clusters.overflow)):
                     labels0 = mapdp_core.seed_labels(Xj, start.clusters, measure, family,
                                                      int(self.block_size))

@@ -527,16 +527,21 @@ def test_padded_rows_change_nothing(mode):
 
 def test_fits_of_nearby_sizes_share_one_program():
     """``MAPDP()`` pads the data to ``mapdp.padded_size(n)`` rows: fits of 150, 160 and 145
-    points (one size class) compile the fit once, a new size class compiles it again."""
+    points (one size class) compile the fit once; with ``init_size=145`` the subsample's fit
+    is that program again (only the sweeps over all points compile); a new size class
+    compiles the fit again."""
     X, _, _ = _uci(load_wine)
     sizes = [mapdp_core.padded_size(m) for m in (150, 160, 145, 170)]
     assert sizes[:3] == [160] * 3 and sizes[3] == 176
     before = mapdp_core.fit._cache_size()
     fits = [MAPDP(random_state=0).fit(X[:m]) for m in (150, 160, 145)]
-    assert mapdp_core.fit._cache_size() - before <= 1
+    one = mapdp_core.fit._cache_size()
+    assert one - before <= 1
     assert [f.labels_.shape for f in fits] == [(150,), (160,), (145,)]
+    assert MAPDP(random_state=0, init_size=145).fit(X[:170]).labels_.shape == (170,)
+    assert mapdp_core.fit._cache_size() - one == 1
     MAPDP(random_state=0).fit(X[:170])
-    assert mapdp_core.fit._cache_size() - before == 2
+    assert mapdp_core.fit._cache_size() - one == 2
 
 
 def test_padded_size():
