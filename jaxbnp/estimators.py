@@ -241,8 +241,7 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         # padded to one of a few sizes (copies of the first row, which are not points), so
         # that data sets of nearby sizes share one compiled program (mapdp.fit, num_points)
         rows = mapdp_core.padded_size(n)
-        Xj = jnp.asarray(np.concatenate([X, np.repeat(X[:1], rows - n, axis=0)]),
-                         dtype=jnp.result_type(float))
+        Xj = jnp.asarray(mapdp_core.pad_rows(X, rows), dtype=jnp.result_type(float))
         init_clusters = min(int(self.init_clusters), rows) if self.init == "kmeans++" else 1
         if self.capacity is not None:
             capacity = min(int(self.capacity), n)
@@ -257,7 +256,7 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         if subsample:
             sub = np.sort(np.random.default_rng(seed).choice(n, int(self.init_size), replace=False))
             # padded too (copies of its first point): the same program as a fit of that size
-            sub = np.concatenate([sub, np.repeat(sub[:1], mapdp_core.padded_size(len(sub)) - len(sub))])
+            sub = mapdp_core.pad_rows(sub, mapdp_core.padded_size(len(sub)))
             Xsub = Xj[jnp.asarray(sub)]
         while True:
             if subsample:

@@ -483,8 +483,7 @@ def test_block_proposal_lets_a_lone_point_keep_its_slot():
 
 
 def _padded(X, rows):
-    """``X`` followed by copies of its first row, ``rows`` rows in all (as ``MAPDP()`` pads)."""
-    return jnp.asarray(np.concatenate([X, np.repeat(X[:1], rows - len(X), axis=0)]))
+    return jnp.asarray(mapdp_core.pad_rows(X, rows))
 
 
 @pytest.mark.parametrize("mode", ["sequential", "batched"])

@@ -137,6 +137,7 @@ __all__ = [
     "default_prior",
     "default_covariance",
     "padded_size",
+    "pad_rows",
 ]
 
 
@@ -208,9 +209,8 @@ def batched_sweep(
             lambda: assignment_sweep(st, X, measure, family, order=idx, num_steps=steps),
         )
 
-    if num_points is None:
-        return lax.fori_loop(0, num_blocks, block, clusters)
-    return lax.fori_loop(0, (num_points + block_size - 1) // block_size, block, clusters)
+    blocks = num_blocks if num_points is None else (num_points + block_size - 1) // block_size
+    return lax.fori_loop(0, blocks, block, clusters)
 
 
 def block_proposal(
@@ -475,16 +475,16 @@ def kmeanspp_labels(key: jax.Array, Xs: jax.Array, k: int, lloyd_iters: int = 20
     m = min(n, LLOYD_SAMPLE)
     k_sub, k_first, k_seed = jax.random.split(key, 3)
     Y = Xs[lloyd_sample(k_sub, n, m, num_points)] if m < n else Xs
-    # weights of Y's rows: 0 for padded rows (only when Y is all of Xs)
-    w = (jnp.ones(m, Xs.dtype) if num_points is None or m < n
-         else (jnp.arange(m) < num_points).astype(Xs.dtype))
+    # Y holds padded rows only when it is all of Xs (a subsample is drawn from the points)
+    masked = num_points is not None and m == n
+    w = (jnp.arange(m) < num_points).astype(Xs.dtype) if masked else jnp.ones(m, Xs.dtype)
 
     def sqdist(A, mu):  # (points, k) squared distances without a (points, k, D) tensor
         return jnp.maximum(
             jnp.sum(A * A, 1)[:, None] - 2.0 * A @ mu.T + jnp.sum(mu * mu, 1)[None, :], 0.0
         )
 
-    first = jax.random.randint(k_first, (), 0, m if num_points is None or m < n else num_points)
+    first = jax.random.randint(k_first, (), 0, num_points if masked else m)
     seeds = jnp.zeros((k, Xs.shape[1]), Xs.dtype).at[0].set(Y[first])
     nearest = jnp.sum((Y - Y[first]) ** 2, axis=1) * w  # a padded row is never a seed
 
@@ -765,6 +765,14 @@ def seed_labels(X: jax.Array, seed: ClusterState, measure: Measure, family,
 
 #: the smallest size :func:`padded_size` pads to
 PADDED_MIN = 128
+
+
+def pad_rows(a, rows: int):
+    """``a`` (a NumPy array) followed by copies of its first row, ``rows`` rows in all: the
+    padding of :func:`fit`'s ``num_points`` (see :func:`padded_size`)."""
+    import numpy as np
+
+    return np.concatenate([a, np.repeat(a[:1], rows - len(a), axis=0)])
 
 
 def padded_size(n: int) -> int:
