@@ -43,7 +43,7 @@ METHOD_DEFAULTS = {
     "bhmc": dict(chains=2, warmup=40, samples=60, max_points=0),
 }
 _GENERIC_DEFAULTS = dict(chains=2, warmup=100, samples=200, capacity=32, split_merge_moves=10,
-                         max_points=0, family="normal-wishart", init="kmeans")
+                         max_points=0, family="auto", init="kmeans")
 
 
 def _load(path: str | None, labels_path: str | None):
@@ -100,8 +100,10 @@ def _load(path: str | None, labels_path: str | None):
 def _make_family(name: str, X: np.ndarray):
     from . import models
 
-    if name == "normal-wishart":  # on standardised X (_cluster): DirichletProcessMixture()'s
+    if name == "auto":  # on standardised X (_cluster): DirichletProcessMixture()'s default
         return defaults.default_family(X)
+    if name == "normal-wishart":  # on standardised X (_cluster), full covariance whatever n
+        return models.NormalWishart.from_data(X, shrinkage="ledoit-wolf")
     if name == "normal-gamma":
         return models.NormalGamma.from_data(X)
     if name == "beta-bernoulli":
@@ -274,16 +276,26 @@ def _fit_bhmc(args, X, X_fit, fit_idx, family) -> Fit:
 FITS = {"mapdp": _fit_mapdp, "ddt": _fit_ddt, "bhmc": _fit_bhmc, **dict.fromkeys(KERNELS, _fit_mcmc)}
 
 
+def _family_name(args, X) -> str | None:
+    """The ``--family`` given, with what ``auto`` chose for these data."""
+    if args.family != "auto":
+        return args.family
+    from .inference.partition.mapdp import default_covariance
+
+    full = default_covariance(*np.shape(X)) == "full"
+    return "auto (normal-wishart)" if full else "auto (normal-gamma, diagonal)"
+
+
 def _cluster(args) -> int:
     from ._validation import check_data
 
     X_raw, y, source = _load(args.data, args.labels)
     X = check_data(X_raw)
     dtype = np.float64 if args.dtype == "float64" else np.float32
-    # normal-wishart for a partition method: fitted in standardised coordinates, as
+    # auto and normal-wishart for a partition method: fitted in standardised coordinates, as
     # DirichletProcessMixture() does (jaxbnp._defaults.standardisation: the same model)
     X_model, log_jacobian = X, 0.0
-    if args.family == "normal-wishart" and args.method not in ("ddt", "bhmc"):
+    if args.family in ("auto", "normal-wishart") and args.method not in ("ddt", "bhmc"):
         shift, scale = defaults.standardisation(X)
         X_model = (X - shift) / scale
         log_jacobian = -len(X) * float(np.sum(np.log(scale)))  # log p(X, Π) = log p(Z, Π) + this
@@ -329,6 +341,7 @@ def _summarise(args, X, y, source, fit, fit_idx, seconds):
         "num_features": int(X.shape[1]),
         "method": args.method,
         "family": args.family,
+        "family_used": _family_name(args, X),
         "alpha": args.alpha,
         "chains": args.chains,
         "warmup": args.warmup,
@@ -430,7 +443,7 @@ def _describe_mcmc(args, X, fit_idx, fit) -> str:
                       f"launch sweeps per iteration{start})",
     }.get(args.method, "")
     return (f"{args.method}{moves}: {args.chains} chain(s), {args.warmup} warm-up + "
-            f"{args.samples} draws, DP(alpha={args.alpha}), {args.family}")
+            f"{args.samples} draws, DP(alpha={args.alpha}), {_family_name(args, X)}")
 
 
 def _describe_mapdp(args, X, fit_idx, fit) -> str:
@@ -641,11 +654,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "writes labels_level{l}.csv per level and bhmc_tree.png. Each method has its own "
                    "defaults for --chains, --warmup, --samples, --capacity and --max-points")
     c.add_argument("--family", default=None,
-                   choices=["normal-wishart", "normal-gamma", "beta-bernoulli", "dirichlet-multinomial"],
-                   help="likelihood; priors from the data (normal-wishart: tgMCMC settings with the "
-                   "Ledoit-Wolf covariance, fitted on standardised columns, as DirichletProcessMixture() "
-                   "does); default normal-wishart, and for mapdp MAPDP's default prior (a full-covariance "
-                   "prior on standardised columns, its covariance from a 32-means split of the data)")
+                   choices=["auto", "normal-wishart", "normal-gamma", "beta-bernoulli",
+                            "dirichlet-multinomial"],
+                   help="likelihood; priors from the data. auto (the default, DirichletProcessMixture()'s): "
+                   "fitted on standardised columns, normal-wishart when there are at least D(D+1)/2 "
+                   "points, else a diagonal normal-gamma; normal-wishart: tgMCMC settings with the "
+                   "Ledoit-Wolf covariance on standardised columns, whatever the number of points; "
+                   "for mapdp the default is MAPDP's default prior (a full-covariance prior on "
+                   "standardised columns, its covariance from a 32-means split of the data)")
     c.add_argument("--alpha", type=float, default=1.0, help="DP concentration (default 1.0)")
     c.add_argument("--chains", type=int, default=None,
                    help="MCMC chains (one per CPU core when there are several), random-order restarts "

@@ -575,15 +575,18 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         no draws: ``num_chains``, ``num_warmup``, ``num_samples`` and
         ``thinning`` are ignored).
     :param measure: the partition prior; ``None`` means ``DP(1.0)``.
-    :param family: a conjugate family; ``None`` (default) means a full-covariance Gaussian
-        with the tgMCMC paper's prior set from the data in standardised coordinates: the
-        fit runs on ``(X − mean) / sd`` (per column; a constant column only centred) with
-        ``NormalWishart.from_data(·, shrinkage="ledoit-wolf")``
-        (``jaxbnp._defaults.default_family``), so that the default does not depend on
-        the data's units and stays positive definite on constant or collinear columns;
-        ``family_`` is that prior written in the data's units (the same model), and
-        predictions and densities are of ``X`` itself. Needs at least 2 points. With
-        ``method="mapdp"`` it means :class:`MAPDP`'s default prior.
+    :param family: a conjugate family; ``None`` (default) means a Gaussian with a prior set
+        from the data in standardised coordinates: the fit runs on ``(X − mean) / sd`` (per
+        column; a constant column only centred), so that the default does not depend on the
+        data's units, with (``jaxbnp._defaults.default_family``) a full covariance,
+        ``NormalWishart.from_data(·, shrinkage="ledoit-wolf")`` (the tgMCMC paper's prior
+        with the Ledoit-Wolf covariance: positive definite on constant or collinear
+        columns), when there are at least as many points as a covariance has entries,
+        ``n >= D (D + 1) / 2``, and a diagonal one, ``NormalGamma.from_data(·)``, below
+        that (:class:`MAPDP`'s rule; 1,000 points in 50-D, digits). ``family_`` is that prior
+        written in the data's units (the same model), and predictions and densities are of
+        ``X`` itself. Needs at least 2 points. With ``method="mapdp"`` it means
+        :class:`MAPDP`'s default prior.
     :param num_chains: independent chains, run vectorized in one program.
     :param num_warmup: iterations discarded per chain; ``None``: the method's default
         (splitmerge 50, gibbs 100, tgmcmc 30, subcluster 50).
@@ -772,7 +775,7 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         n = X.shape[0]
         if self.family is None and n < 2 and self.method != "mapdp":
             raise ValueError(
-                "The default family (NormalWishart.from_data on standardised X) needs at least "
+                "The default family (a Gaussian prior set from standardised X) needs at least "
                 f"2 samples (got {n} sample); pass more points or a family."
             )
         seed = 0 if self.random_state is None else int(self.random_state)

@@ -252,6 +252,26 @@ def test_helpers_start_silhouette_nearest_labels():
     assert cli._extend_labels(X, None, labels) is labels
 
 
+def test_default_family_is_the_estimators():
+    """``--family auto`` (the partition methods' default) is DirichletProcessMixture()'s
+    default prior on the standardised columns: diagonal with fewer than ``D (D + 1) / 2``
+    points, full above; ``--family normal-wishart`` is full whatever the number of points."""
+    import jaxbnp as bnp
+    from jaxbnp import _defaults, cli
+
+    args = cli.build_parser().parse_args(["cluster"])
+    cli._apply_method_defaults(args)
+    assert args.family == "auto"
+    Z = np.random.default_rng(0).normal(size=(20, 6))  # 21 covariance entries
+    for data, kind, name in ((Z, bnp.NormalGamma, "auto (normal-gamma, diagonal)"),
+                             (Z[:, :5], bnp.NormalWishart, "auto (normal-wishart)")):
+        assert type(cli._make_family("auto", data)) is kind is type(_defaults.default_family(data))
+        assert cli._family_name(args, data) == name
+    assert type(cli._make_family("normal-wishart", Z)) is bnp.NormalWishart
+    args.family = "normal-gamma"
+    assert cli._family_name(args, Z) == "normal-gamma"
+
+
 def test_heartbeat_prints_lines_from_a_thread():
     import io
     import time

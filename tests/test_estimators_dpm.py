@@ -114,6 +114,40 @@ def test_default_family_does_not_depend_on_the_units_and_takes_constant_columns(
     assert adjusted_rand_score(y, one_column.labels_) == 1.0  # x alone (-6, 0, 6) tells them apart
 
 
+def test_default_family_is_diagonal_with_fewer_points_than_covariance_entries():
+    """Below ``n = D (D + 1) / 2`` points the default prior is the diagonal NormalGamma
+    (``jaxbnp._defaults.default_family``, MAPDP()'s rule), at or above it the full
+    NormalWishart; the diagonal prior in the data's units (``family_``) is the same model:
+    the clusters' log marginals of ``X`` are those of the standardised ``Z`` minus
+    ``n_c Σ log s``, and moved units give the same draws."""
+    from jaxbnp import _defaults
+
+    rng = np.random.default_rng(3)
+    y = np.arange(20) % 2
+    X = rng.normal(size=(20, 6)) + 6.0 * y[:, None]  # 20 points, 21 covariance entries
+    assert isinstance(_defaults.default_family(X), bnp.NormalGamma)
+    assert isinstance(_defaults.default_family(X[:, :5]), bnp.NormalWishart)  # 15 entries
+    assert isinstance(_defaults.default_family(np.r_[X, X[:1]]), bnp.NormalWishart)  # 21 points
+    dpm = DirichletProcessMixture(**SETTINGS).fit(X)
+    assert isinstance(dpm.family_, bnp.NormalGamma) and adjusted_rand_score(y, dpm.labels_) == 1.0
+    shift, scale = _defaults.standardisation(X)
+    Z = (X - shift) / scale
+    on_z = _defaults.default_family(Z)
+    np.testing.assert_allclose(np.asarray(dpm.family_.m0), shift + scale * np.asarray(on_z.m0))
+    np.testing.assert_allclose(np.asarray(dpm.family_.b0), scale**2 * np.asarray(on_z.b0))
+    for members in (y == 0, y == 1, np.arange(20) < 3):
+        stats_x = jax.tree.map(lambda a: a[members].sum(0), dpm.family_.host_point_stats(X))
+        stats_z = jax.tree.map(lambda a: a[members].sum(0), on_z.host_point_stats(Z))
+        np.testing.assert_allclose(dpm.family_.host_log_marginal(stats_x),
+                                   on_z.host_log_marginal(stats_z) - members.sum() * np.log(scale).sum(),
+                                   rtol=1e-10)
+    units = np.array([1e-3, 1e3, 1.0, 2.0, 5.0, 1e2])
+    moved = DirichletProcessMixture(**SETTINGS).fit(X * units + 1e3)
+    np.testing.assert_array_equal(moved.posterior_samples_["labels"], dpm.posterior_samples_["labels"])
+    np.testing.assert_allclose(moved.score_samples(X[:3] * units + 1e3),
+                               dpm.score_samples(X[:3]) - np.log(units).sum(), rtol=1e-8)
+
+
 # ----------------------------------------------------------------------------- prediction
 def _predictive_by_marginal_ratios(X, dpm, x):
     """Per draw and option (each cluster, then a new one): ``log p(x, option | X, Π_t)`` as a
