@@ -129,8 +129,7 @@ def default_family(Z):
     from .inference.partition.mapdp import default_covariance
     from .models import NormalGamma, NormalWishart
 
-    Z = np.asarray(Z)
-    if Z.ndim == 2 and default_covariance(*Z.shape) == "diag":
+    if default_covariance(*np.shape(Z)) == "diag":
         return NormalGamma.from_data(Z)
     return NormalWishart.from_data(Z, shrinkage="ledoit-wolf")
 

@@ -276,14 +276,14 @@ def _fit_bhmc(args, X, X_fit, fit_idx, family) -> Fit:
 FITS = {"mapdp": _fit_mapdp, "ddt": _fit_ddt, "bhmc": _fit_bhmc, **dict.fromkeys(KERNELS, _fit_mcmc)}
 
 
-def _family_name(args, X) -> str | None:
-    """The ``--family`` given, with what ``auto`` chose for these data."""
-    if args.family != "auto":
-        return args.family
-    from .inference.partition.mapdp import default_covariance
+def _family_name(name: str | None, family) -> str | None:
+    """The ``--family`` given, with what ``auto`` chose (``family``, made by
+    :func:`_make_family`)."""
+    if name != "auto":
+        return name
+    from .models import NormalGamma
 
-    full = default_covariance(*np.shape(X)) == "full"
-    return "auto (normal-wishart)" if full else "auto (normal-gamma, diagonal)"
+    return "auto (normal-gamma, diagonal)" if isinstance(family, NormalGamma) else "auto (normal-wishart)"
 
 
 def _cluster(args) -> int:
@@ -301,6 +301,7 @@ def _cluster(args) -> int:
         log_jacobian = -len(X) * float(np.sum(np.log(scale)))  # log p(X, Π) = log p(Z, Π) + this
     # --method mapdp without --family: MAPDP's own default prior (its docstring)
     family = None if args.family is None else _make_family(args.family, X_model)
+    args.family_used = _family_name(args.family, family)
     X_model = check_data(X_model, family=family).astype(dtype)
     X = X.astype(dtype)
     out = Path(args.out)
@@ -341,7 +342,7 @@ def _summarise(args, X, y, source, fit, fit_idx, seconds):
         "num_features": int(X.shape[1]),
         "method": args.method,
         "family": args.family,
-        "family_used": _family_name(args, X),
+        "family_used": args.family_used,
         "alpha": args.alpha,
         "chains": args.chains,
         "warmup": args.warmup,
@@ -443,7 +444,7 @@ def _describe_mcmc(args, X, fit_idx, fit) -> str:
                       f"launch sweeps per iteration{start})",
     }.get(args.method, "")
     return (f"{args.method}{moves}: {args.chains} chain(s), {args.warmup} warm-up + "
-            f"{args.samples} draws, DP(alpha={args.alpha}), {_family_name(args, X)}")
+            f"{args.samples} draws, DP(alpha={args.alpha}), {args.family_used}")
 
 
 def _describe_mapdp(args, X, fit_idx, fit) -> str:

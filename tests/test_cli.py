@@ -265,11 +265,11 @@ def test_default_family_is_the_estimators():
     Z = np.random.default_rng(0).normal(size=(20, 6))  # 21 covariance entries
     for data, kind, name in ((Z, bnp.NormalGamma, "auto (normal-gamma, diagonal)"),
                              (Z[:, :5], bnp.NormalWishart, "auto (normal-wishart)")):
-        assert type(cli._make_family("auto", data)) is kind is type(_defaults.default_family(data))
-        assert cli._family_name(args, data) == name
+        family = cli._make_family("auto", data)
+        assert type(family) is kind is type(_defaults.default_family(data))
+        assert cli._family_name("auto", family) == name
     assert type(cli._make_family("normal-wishart", Z)) is bnp.NormalWishart
-    args.family = "normal-gamma"
-    assert cli._family_name(args, Z) == "normal-gamma"
+    assert cli._family_name("normal-gamma", cli._make_family("normal-gamma", Z)) == "normal-gamma"
 
 
 def test_heartbeat_prints_lines_from_a_thread():
