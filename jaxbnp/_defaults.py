@@ -32,9 +32,11 @@ NUM_CHAINS = 2
 #: clusters of each chain's k-means++ start
 INIT_CLUSTERS = 20
 #: (warm-up, kept draws) per chain of each MCMC method
-ITERATIONS = {"splitmerge": (50, 100), "gibbs": (100, 200), "tgmcmc": (30, 70), "subcluster": (50, 100)}
+ITERATIONS = {"splitmerge": (50, 100), "gibbs": (100, 200), "tgmcmc": (30, 70), "subcluster": (50, 100),
+              "auxiliary": (100, 100), "slice": (100, 100)}
 #: each method's kernel options that differ from the kernel's own defaults
-KERNEL_OPTIONS = {"splitmerge": {"num_split_merge": 5}, "gibbs": {}, "tgmcmc": {}, "subcluster": {}}
+KERNEL_OPTIONS = {"splitmerge": {"num_split_merge": 5}, "gibbs": {}, "tgmcmc": {}, "subcluster": {},
+                  "auxiliary": {}, "slice": {}}
 #: each method's start: k-means++ partitions, or one cluster for sub-cluster MCMC, whose split
 #: proposals leave it in a few iterations while its merges rarely join the pieces of a
 #: group that an over-segmented start cut (``random_state=0``, the defaults otherwise: 5

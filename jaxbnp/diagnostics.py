@@ -221,7 +221,9 @@ def to_arviz(source: Any, coords: dict | None = None, dims: dict | None = None):
     """An ArviZ ``InferenceData`` of the draws, with ``chain`` and ``draw`` dimensions.
 
     ``posterior`` holds every sample site (the labels, with dimension
-    ``point``; ``u``, ``alpha``, ... when present) and ``sample_stats`` the
+    ``point``; ``u``, ``alpha``, ... when present; a fitted ``DirichletProcessMixture`` with
+    ``likelihood=``: its cluster parameters with dimension ``cluster``, the clusters of
+    ``labels_``) and ``sample_stats`` the
     extra fields (``num_clusters``, ``log_joint``, move statistics).
     ``coords``/``dims`` are passed to ``arviz.from_dict``.
 
@@ -239,6 +241,8 @@ def to_arviz(source: Any, coords: dict | None = None, dims: dict | None = None):
     all_dims = {}
     if draws["labels_site"] is not None:
         all_dims[draws["labels_site"]] = ["point"]
+    for name in getattr(source, "cluster_sites_", ()):  # a plate fit's parameters, by cluster
+        all_dims[name] = ["cluster"]
     all_dims.update(dims or {})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

@@ -49,6 +49,8 @@ from .errors import CapacityError, SingleClusterWarning
 from .inference.partition.clusters import ClusterState
 from .inference.partition.kernels import SUBCLUSTER_DEFAULT_CAPACITY
 from .inference.runner import run
+from . import plate_fit
+from .plate_fit import BLOCK as _BLOCK, PLATE_METHODS, SMALL_BLOCK as _SMALL_BLOCK, mixed_terms, overlap_counts
 from .models.distributions import mixture_model
 from .models.families import Family
 from .models.measures import DP, Measure, PitmanYor
@@ -434,7 +436,7 @@ def _select_alpha(X, alphas, family, method, n_folds, random_state, progress_bar
 
 
 # ============================================================================= DP mixture (MCMC)
-METHODS = ("gibbs", "splitmerge", "tgmcmc", "subcluster", "mapdp")
+METHODS = ("gibbs", "splitmerge", "tgmcmc", "subcluster", "mapdp", "auxiliary", "slice")
 
 #: keyword options each method accepts through ``method_options``
 METHOD_OPTIONS = {
@@ -446,10 +448,12 @@ METHOD_OPTIONS = {
     "subcluster": ("num_launch_sweeps", "sharpness", "init_strategy", "chain_batching", "mesh"),
     "mapdp": ("n_restarts", "mode", "tol", "max_iter", "block_size", "split_moves", "merge_moves",
               "init", "init_clusters"),
+    "auxiliary": ("num_sweeps", "num_split_merge", "num_param_steps", "step_size", "init_strategy",
+                  "chain_batching"),
+    "slice": ("num_swap_passes", "num_split_merge", "num_param_steps", "step_size", "init_strategy",
+              "chain_batching"),
 }
 
-#: points per block of prediction (inputs are padded to these sizes to reuse compiled code)
-_SMALL_BLOCK, _BLOCK = 8, 64
 
 
 def _collect(state):
@@ -481,9 +485,7 @@ def _predictive_tables(X, draws, measure, family, u, estimate):
     params, prior, log_w, log_w_new, counts = _tables(
         Xj, jnp.asarray(draws, jnp.int32), jnp.asarray(u, Xj.dtype), measure, family, k_max
     )
-    k_hat = int(estimate.max()) + 1
-    codes = (np.arange(T)[:, None] * k_max + draws) * k_hat + estimate[None, :]
-    overlap = np.bincount(codes.ravel(), minlength=T * k_max * k_hat).reshape(T, k_max, k_hat)
+    overlap = overlap_counts(draws, estimate, k_max)
     counts = np.asarray(counts, dtype=float)
     overlap = overlap / np.maximum(counts, 1.0)[:, :, None]
     to_host = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731
@@ -517,19 +519,16 @@ def _tables(X, labels, u, measure, family, k_max):
 @jax.jit
 def _predictive_block(X_block, family, params, prior_params, log_weight, log_weight_new, overlap):
     """Log posterior predictive density and assignment probabilities of a block of points."""
-    num_draws = log_weight.shape[0]
 
     def one(x):
         lp = jax.vmap(lambda p: family.log_predictive_from_params(x, p))(params)  # (T, K)
         lp0 = family.log_predictive_from_params(x, prior_params)[0]
-        existing = jnp.where(jnp.isfinite(log_weight), log_weight + lp, -jnp.inf)
-        new = log_weight_new + lp0
-        total = jnp.logaddexp(jax.nn.logsumexp(existing), jax.nn.logsumexp(new))
-        proba = jnp.einsum("tj,tjk->k", jnp.exp(existing - total), overlap)
-        proba_new = jnp.exp(jax.nn.logsumexp(new) - total)
-        return total - jnp.log(num_draws), proba, proba_new
+        return mixed_terms(lp, lp0, log_weight, log_weight_new, overlap)
 
     return jax.lax.map(one, X_block)
+
+
+
 
 
 def _check_select_alpha(alphas: Any, method: Any, n_folds: Any) -> list:
@@ -573,7 +572,9 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         a computation over all points at once, for large ``n`` and GPUs; DP or Pitman-Yor) or
         ``"mapdp"`` (the MAP partition by :class:`MAPDP` with its defaults; DP or Pitman-Yor;
         no draws: ``num_chains``, ``num_warmup``, ``num_samples`` and
-        ``thinning`` are ignored).
+        ``thinning`` are ignored); for a ``likelihood`` with its cluster parameters sampled,
+        ``"auxiliary"`` (Neal's Algorithm 8 on cluster slots, ``bnp.AuxiliaryGibbs``) or
+        ``"slice"`` (Walker's slice sampler, every label at once, ``bnp.SliceGibbs``).
     :param measure: the partition prior; ``None`` means ``DP(1.0)``.
     :param family: a conjugate family; ``None`` (default) means a Gaussian with a prior set
         from the data in standardised coordinates: the fit runs on ``(X − mean) / sd`` (per
@@ -623,6 +624,18 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         only the burn-in, not the posterior. ``"tgmcmc"`` and ``"mapdp"`` have their own starts.
     :param init_clusters: clusters of the k-means++ start (more than you expect: the
         sampler merges more easily than it splits).
+    :param likelihood: ``method="auxiliary"`` / ``"slice"`` only: the clusters' likelihood,
+        whose parameters are sampled with the labels (docs/mathematics.md §8-9).
+        ``None`` or ``"normal"``: diagonal Gaussian clusters, a mean and a scale per
+        column; ``"student-t"``: the same with 3 degrees of freedom; both fitted on
+        standardised columns, as the default family is, with densities of ``X`` itself;
+        ``"poisson"``: counts, log-normal rates whose prior spans the data's log counts
+        (``jaxbnp.models.likelihoods``); or a NumPyro model ``model(X)`` with a
+        ``Partition`` site and its cluster parameters in a ``numpyro.plate`` over slots
+        (``X`` is passed 2-D, ``(n, D)``; the model holds the measure and the number of
+        slots, so ``measure`` and ``capacity`` stay ``None``). A built-in likelihood starts
+        with ``capacity`` slots (32, 64 for ``"slice"``, at most ``n``) and restarts with
+        twice as many when a run fills them; a model's own plate raises ``CapacityError``.
 
     Fitted attributes: ``labels_`` (``(n,)`` point estimate, ``0..K-1``),
     ``n_clusters_``, ``posterior_samples_`` (dict of draws grouped by chain:
@@ -631,6 +644,12 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
     partition, with ``log_joint = −NLL``), ``measure_``, ``family_``,
     ``capacity_``, ``n_features_in_`` (``feature_names_in_`` for DataFrames
     with string column names), ``mapdp_`` (the fitted :class:`MAPDP`, MAP-DP only).
+    With a ``likelihood``, ``posterior_samples_`` also holds each cluster parameter site,
+    ``(C, S, n_clusters_, ...)``: in every draw, the parameters of the draw's cluster that
+    holds most of each cluster of ``labels_`` (free of label switching; their names are
+    ``cluster_sites_``; :func:`jaxbnp.diagnostics.to_arviz` gives them a ``cluster``
+    dimension), and ``family_`` is ``None``. The predictive's new-cluster density is then
+    a mean over 256 prior draws of a slot's parameters (docs/mathematics.md §8).
 
     Prediction uses the posterior predictive averaged over the draws: a new
     point ``x`` joins draw ``t``'s cluster ``j`` with probability proportional
@@ -686,6 +705,7 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         progress_bar: bool | None = None,
         init: str | None = None,
         init_clusters: int = defaults.INIT_CLUSTERS,
+        likelihood: Any = None,
     ):
         self.method = method
         self.measure = measure
@@ -701,6 +721,7 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         self.progress_bar = progress_bar
         self.init = init
         self.init_clusters = init_clusters
+        self.likelihood = likelihood
 
     # -- validation ------------------------------------------------------------------------
     def _check_params(self):
@@ -721,6 +742,8 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
                 f"method='tgmcmc' supports DP and NGGP measures, got {type(measure).__name__}; "
                 "use method='gibbs' or 'splitmerge'."
             )
+        plate_fit.check_settings(self.method, self.likelihood, self.family, self.measure, measure,
+                                 self.capacity, self.init)
         if self.method == "subcluster" and measure.has_auxiliary:
             raise ValueError(
                 f"method='subcluster' supports DP and PitmanYor measures, got {type(measure).__name__} "
@@ -768,11 +791,21 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
     def fit(self, X: Any, y: Any = None) -> "DirichletProcessMixture":
         """Sample the posterior over partitions of ``X`` ``(n, D)`` (NumPy array or DataFrame)."""
         measure, options = self._check_params()
-        for name in ("mapdp_", "_predictive", "_data_scaling", "_family_fit"):  # a refit starts clean
+        for name in ("mapdp_", "_predictive", "_data_scaling", "_family_fit", "_plate",
+                     "cluster_sites_"):  # a refit starts clean
             self.__dict__.pop(name, None)
         X = _validated(self, X, reset=True)
         auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         n = X.shape[0]
+        if self.method in PLATE_METHODS:  # a likelihood with its cluster parameters
+            warmup, samples = self._iterations()
+            settings = plate_fit.Settings(
+                self.method, self.likelihood, self.capacity, self.init, int(self.num_chains), warmup,
+                samples, int(self.thinning), self.point_estimate, self.progress_bar)
+            attributes, self._plate = plate_fit.fit(
+                settings, X, measure, options, 0 if self.random_state is None else int(self.random_state))
+            self.__dict__.update(attributes)
+            return self
         if self.family is None and n < 2 and self.method != "mapdp":
             raise ValueError(
                 "The default family (a Gaussian prior set from standardised X) needs at least "
@@ -891,6 +924,8 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         if hasattr(self, "mapdp_"):  # checked in MAPDP's own coordinates (standardised or not)
             proba = self.mapdp_.predict_proba(X)
             return self.mapdp_.score_samples(X), proba[:, :-1], proba[:, -1]
+        if hasattr(self, "_plate"):
+            return plate_fit.terms(self._plate, None if isinstance(self.likelihood, str) else self.likelihood, X)
         # the default family: computed in the fit's standardised coordinates
         family = getattr(self, "_family_fit", self.family_)
         scaling = getattr(self, "_data_scaling", None)

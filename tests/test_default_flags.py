@@ -246,6 +246,18 @@ def dpm(method, num_chains=2, family=FAMILY, shift=0.0):
 
 
 
+def dpm_plate(method):  # a likelihood with its cluster parameters (counts, Poisson)
+    def go():
+        C = np.round(3.0 * np.abs(X[:, :1])).astype(FT)
+        est = bnp.DirichletProcessMixture(method=method, likelihood="poisson", capacity=8, num_chains=2,
+                                          num_warmup=2, num_samples=3, random_state=0).fit(C)
+        labels(f"DPM[{method}, poisson].labels_", est.labels_, (N,))
+        assert np.isfinite(est.score_samples(C)).all()
+        proba = np.asarray(est.predict_proba(C))
+        assert proba.dtype == FT and np.isfinite(proba).all(), proba.dtype
+    return go
+
+
 def select():
     for how in ("nll", "heldout"):
         alpha, scores = bnp.select_alpha(X, [0.5, 2.0], method=how, n_folds=2)
@@ -320,6 +332,7 @@ if GROUP == "estimators":
     # threads (chain_method="threads", the padded last group included) on a multi-core CPU
     run("DirichletProcessMixture method=gibbs, 3 chains (threads)", dpm("gibbs", num_chains=3))
     run("select_alpha nll, heldout", select)
+    run("DirichletProcessMixture method=auxiliary likelihood=poisson fit+predict", dpm_plate("auxiliary"))
 if GROUP == "bhmc_distributed":
     run("fit_bhmc (compiler_options=None: XLA defaults)", bhmc_fit)
     run("fit_mapdp_chunked", chunked)

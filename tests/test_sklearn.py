@@ -23,6 +23,9 @@ import jaxbnp as bnp
 
 #: short chains: the checks fit dozens of times on small data
 DPM = bnp.DirichletProcessMixture(num_warmup=5, num_samples=10, progress_bar=False)
+#: a likelihood with its cluster parameters sampled (Neal's Algorithm 8; the default
+#: likelihood, diagonal Gaussian clusters with a mean and a scale each)
+PLATE = bnp.DirichletProcessMixture(method="auxiliary", num_warmup=5, num_samples=10, progress_bar=False)
 
 #: checks that cannot pass as they are: none
 EXPECTED: dict = {}
@@ -31,7 +34,7 @@ _ARRAY_API = """
 import sys, jax, numpy as np, jaxbnp as bnp
 from sklearn.utils.estimator_checks import check_array_api_input
 est = bnp.MAPDP() if sys.argv[1] == "MAPDP" else bnp.DirichletProcessMixture(
-    num_warmup=5, num_samples=10, progress_bar=False)
+    method=sys.argv[2], num_warmup=5, num_samples=10, progress_bar=False)
 try:
     check_array_api_input(type(est).__name__, est, "numpy")
     print("PASSED")
@@ -53,14 +56,15 @@ def _array_api_check(estimator):
     env = dict(os.environ, SCIPY_ARRAY_API="1", JAX_PLATFORMS="cpu")
     env.pop("JAX_ENABLE_X64", None)
     name = type(estimator).__name__
-    out = subprocess.run([sys.executable, "-c", _ARRAY_API, name], env=env, capture_output=True,
+    method = getattr(estimator, "method", "")
+    out = subprocess.run([sys.executable, "-c", _ARRAY_API, name, method], env=env, capture_output=True,
                          text=True, timeout=600).stdout.strip().splitlines()
     assert out[-1] == "PASSED", out
 
 
 # the checks fit on random noise too, where one cluster is the right answer (and MAP-DP warns)
 @pytest.mark.filterwarnings("ignore::jaxbnp.errors.SingleClusterWarning")
-@parametrize_with_checks([bnp.MAPDP(), DPM], expected_failed_checks=lambda est: EXPECTED)
+@parametrize_with_checks([bnp.MAPDP(), DPM, PLATE], expected_failed_checks=lambda est: EXPECTED)
 def test_check_estimator(estimator, check):
     if getattr(check, "func", check).__name__ == "check_array_api_input":
         return _array_api_check(estimator)
@@ -70,7 +74,8 @@ def test_check_estimator(estimator, check):
 X = np.r_[np.random.default_rng(0).normal(-4.0, 1.0, (40, 2)), np.random.default_rng(1).normal(4.0, 1.0, (40, 2))]
 
 
-@pytest.mark.parametrize("estimator", [bnp.MAPDP(), DPM], ids=["MAPDP", "DirichletProcessMixture"])
+@pytest.mark.parametrize("estimator", [bnp.MAPDP(), DPM, PLATE],
+                         ids=["MAPDP", "DirichletProcessMixture", "DirichletProcessMixture-auxiliary"])
 def test_pipeline_grid_search_clone_pickle(estimator):
     pipe = make_pipeline(StandardScaler(), clone(estimator)).fit(X)
     alone = clone(estimator).fit(StandardScaler().fit_transform(X))

@@ -626,6 +626,9 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
 
     sample_field = "z"
     chains_in_threads = True
+    #: raise ``CapacityError`` from inside the step (a host callback); the runner turns it off
+    #: and reads :meth:`overflowed` after the run instead, to grow the plate
+    host_overflow_check = True
 
     def __init__(self, model: Callable, *, num_sweeps: int = 1, num_split_merge: int = DEFAULT_SPLIT_MERGE,
                  num_param_steps: int = 1, step_size: float = 1.0, init_strategy: str = "one",
@@ -764,7 +767,14 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         """The algorithm's state from the kernel's ``s`` and every param site's value."""
         return AuxiliaryState(s.z[spec.partition_site], params, s.overflow)
 
+    def overflowed(self, state) -> bool:
+        """Whether a chain ran out of slots (the sticky flag ``host_overflow_check=False``
+        leaves in the state; :func:`jaxbnp.inference.runner.run` then grows the plate)."""
+        return bool(np.any(np.asarray(state.overflow)))
+
     def _raise_on_overflow(self, spec, overflow):
+        if not self.host_overflow_check:
+            return
         if spec.capacity < spec.num_points:  # else a free slot always exists: no host callback
             raise_capacity_error_if(overflow, spec.capacity,
                                     f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)")
