@@ -31,7 +31,9 @@ from . import _defaults as defaults
 
 __all__ = ["main"]
 
-METHODS = ("splitmerge", "gibbs", "tgmcmc", "subcluster", "mapdp", "ddt", "bhmc")
+METHODS = ("splitmerge", "gibbs", "tgmcmc", "subcluster", "mapdp", "ddt", "bhmc", "auxiliary", "slice")
+#: the methods for a likelihood with its cluster parameters (``--likelihood``)
+PLATE_METHODS = ("auxiliary", "slice")
 DEFAULT_METHOD = defaults.METHOD
 
 #: each method's defaults for the options left unset (chosen so that every method runs on
@@ -41,6 +43,9 @@ METHOD_DEFAULTS = {
     "mapdp": dict(chains=1, family=None),
     "ddt": dict(chains=4, warmup=20, samples=40, max_points=2000),
     "bhmc": dict(chains=2, warmup=40, samples=60, max_points=0),
+    # DirichletProcessMixture(method=...)'s own slots (the estimator fits them)
+    **{m: dict(defaults.cli_defaults(m), capacity=c, family=None, init="one", likelihood="normal")
+       for m, c in (("auxiliary", 32), ("slice", 64))},
 }
 _GENERIC_DEFAULTS = dict(chains=2, warmup=100, samples=200, capacity=32, split_merge_moves=10,
                          max_points=0, family="auto", init="kmeans")
@@ -272,8 +277,37 @@ def _fit_bhmc(args, X, X_fit, fit_idx, family) -> Fit:
                np.asarray(fit.samples["num_leaves"]), extra=fit)
 
 
+def _fit_plate(args, X, X_fit, fit_idx, family) -> Fit:
+    """auxiliary, slice: ``DirichletProcessMixture(method=..., likelihood=--likelihood)``, whose
+    cluster parameters are sampled beside the labels (standardised columns for normal and
+    student-t, as the estimator does)."""
+    from .estimators import DirichletProcessMixture
+    from .models import DP
+    from .models.likelihoods import STANDARDISED
+
+    heartbeat = _heartbeat(args, f"{args.method}: compiling and sampling")
+    try:
+        est = DirichletProcessMixture(
+            method=args.method, likelihood=args.likelihood, measure=DP(args.alpha),
+            num_chains=args.chains, num_warmup=args.warmup, num_samples=args.samples,
+            capacity=args.capacity, random_state=args.seed, progress_bar=_bar(args),
+            init={"kmeans": "kmeans++"}.get(args.init, args.init),
+            method_options={"num_split_merge": args.split_merge_moves}).fit(X)
+    except BaseException:
+        _done(heartbeat, ok=False)
+        raise
+    _done(heartbeat)
+    post = est.posterior_samples_
+    log_joint = np.asarray(post["log_joint"], np.float64)
+    if args.likelihood in STANDARDISED:  # log p(X, Π, θ) of X in its own units
+        log_joint = log_joint - len(X) * float(np.sum(np.log(defaults.standardisation(X)[1])))
+    return Fit(None, log_joint, np.asarray(post["num_clusters"]), np.asarray(post["labels"]),
+               est.capacity_, extra=est)
+
+
 #: each method's fit (the command line is this table and the summary of what it returns)
-FITS = {"mapdp": _fit_mapdp, "ddt": _fit_ddt, "bhmc": _fit_bhmc, **dict.fromkeys(KERNELS, _fit_mcmc)}
+FITS = {"mapdp": _fit_mapdp, "ddt": _fit_ddt, "bhmc": _fit_bhmc, **dict.fromkeys(KERNELS, _fit_mcmc),
+        **dict.fromkeys(PLATE_METHODS, _fit_plate)}
 
 
 def _family_name(name: str | None, family) -> str | None:
@@ -343,6 +377,7 @@ def _summarise(args, X, y, source, fit, fit_idx, seconds):
         "method": args.method,
         "family": args.family,
         "family_used": args.family_used,
+        "likelihood": args.likelihood,
         "alpha": args.alpha,
         "chains": args.chains,
         "warmup": args.warmup,
@@ -468,9 +503,18 @@ def _describe_bhmc(args, X, fit_idx, fit) -> str:
             + (f"; fitted on {args.max_points} of the {X.shape[0]} points" if fit_idx is not None else ""))
 
 
+def _describe_plate(args, X, fit_idx, fit) -> str:
+    labels = ("Neal's Algorithm 8 label sweeps" if args.method == "auxiliary"
+              else "Walker's slice sampler, every label at once")
+    return (f"{args.method} ({labels} + {args.split_merge_moves} split-merge moves + slice steps of "
+            f"the cluster parameters per iteration, one-cluster start): {args.chains} chain(s), "
+            f"{args.warmup} warm-up + {args.samples} draws, DP(alpha={args.alpha}), "
+            f"{args.likelihood} likelihood, {fit.capacity} slots")
+
+
 #: each method's line in the report
 DESCRIBE = {"mapdp": _describe_mapdp, "ddt": _describe_ddt, "bhmc": _describe_bhmc,
-            **dict.fromkeys(KERNELS, _describe_mcmc)}
+            **dict.fromkeys(KERNELS, _describe_mcmc), **dict.fromkeys(PLATE_METHODS, _describe_plate)}
 
 
 def _report(args, X, fit, fit_idx, summary, diagnostics, seconds, out: Path, plots) -> None:
@@ -652,7 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "step over all points at once, for large data and GPUs; "
                    "mapdp: MAP-DP point estimate; ddt: Dirichlet diffusion tree by population "
                    "MCMC, cut into clusters; bhmc: nested CRP + multilevel HDP mixture (Huang et al.), "
-                   "writes labels_level{l}.csv per level and bhmc_tree.png. Each method has its own "
+                   "writes labels_level{l}.csv per level and bhmc_tree.png; auxiliary (Neal's "
+                   "Algorithm 8) and slice (Walker's slice sampler, every label at once): a "
+                   "--likelihood whose cluster parameters are sampled. Each method has its own "
                    "defaults for --chains, --warmup, --samples, --capacity and --max-points")
     c.add_argument("--family", default=None,
                    choices=["auto", "normal-wishart", "normal-gamma", "beta-bernoulli",
@@ -663,6 +709,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "Ledoit-Wolf covariance on standardised columns, whatever the number of points; "
                    "for mapdp the default is MAPDP's default prior (a full-covariance prior on "
                    "standardised columns, its covariance from a 32-means split of the data)")
+    c.add_argument("--likelihood", default=None, choices=["normal", "student-t", "poisson"],
+                   help="--method auxiliary or slice: the clusters' likelihood, its parameters sampled "
+                   "(not integrated out): normal (diagonal Gaussian, the default) or student-t (3 "
+                   "degrees of freedom), both on standardised columns; poisson (counts, log-normal "
+                   "rates with a prior from the data)")
     c.add_argument("--alpha", type=float, default=1.0, help="DP concentration (default 1.0)")
     c.add_argument("--chains", type=int, default=None,
                    help="MCMC chains (one per CPU core when there are several), random-order restarts "
@@ -745,9 +796,16 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("jaxbnp: --alpha must be > 0.")
         if args.method in ("ddt", "bhmc") and 0 < args.max_points < 4:
             raise SystemExit("jaxbnp: --max-points must be 0 (all points) or at least 4.")
-        if (args.resume or args.checkpoint_every) and args.method in ("mapdp", "ddt", "bhmc"):
+        if (args.resume or args.checkpoint_every) and args.method in ("mapdp", "ddt", "bhmc",
+                                                                      *PLATE_METHODS):
             raise SystemExit("jaxbnp: --resume and --checkpoint-every apply to gibbs, splitmerge, "
                              "tgmcmc and subcluster.")
+        if getattr(args, "likelihood", None) is not None and args.method not in PLATE_METHODS:
+            raise SystemExit("jaxbnp: --likelihood applies to --method auxiliary and slice "
+                             "(the other methods take --family).")
+        if args.method in PLATE_METHODS and args.family is not None:
+            raise SystemExit("jaxbnp: --family applies to the conjugate methods; --method "
+                             f"{args.method} takes --likelihood.")
         if args.paper and args.method != "mapdp":
             raise SystemExit("jaxbnp: --paper applies to --method mapdp.")
         env_x64 = os.environ.get("JAX_ENABLE_X64", "").strip().lower() in ("1", "true", "yes", "on")

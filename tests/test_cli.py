@@ -313,3 +313,34 @@ def test_tgmcmc_start_is_the_kernels_ibhc_partition():
     assert len(np.unique(expected)) >= 2
     state = kernel.init(keys[0], 0, None, (X,), {})
     np.testing.assert_array_equal(np.asarray(state.z["z"]), expected)
+
+def test_cluster_a_likelihood_with_its_parameters(tmp_path, capsys, monkeypatch):
+    """--method auxiliary --likelihood poisson on a CSV of counts, in-process: the draws are
+    DirichletProcessMixture's (the same settings), the log joint is of X; --likelihood with a
+    conjugate method and --family with a plate method are refused before anything runs."""
+    from jaxbnp.cli import main
+
+    rng = np.random.default_rng(2)
+    X = rng.poisson(np.repeat([[3.0, 1.0], [30.0, 12.0]], 30, axis=0))
+    np.savetxt(tmp_path / "c.csv", X, delimiter=",", fmt="%d")
+    monkeypatch.chdir(tmp_path)
+    assert main(["cluster", "c.csv", "--method", "auxiliary", "--likelihood", "poisson", "--chains", "1",
+                 "--warmup", "20", "--samples", "10", "--out", "a"]) == 0
+    assert "poisson likelihood, 32 slots" in capsys.readouterr().out
+    labels = np.loadtxt(tmp_path / "a" / "labels.csv", skiprows=1)
+    assert set(labels[:30]).isdisjoint(labels[30:])
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["likelihood"] == "poisson" and summary["capacity"] == 32
+
+    import jaxbnp as bnp
+
+    est = bnp.DirichletProcessMixture(method="auxiliary", likelihood="poisson", num_chains=1,
+                                      num_warmup=20, num_samples=10, capacity=32, random_state=0,
+                                      init="one", method_options={"num_split_merge": 10}).fit(
+        X.astype(np.float32))
+    assert summary["log_joint_best"] == pytest.approx(float(est.posterior_samples_["log_joint"].max()),
+                                                      rel=1e-6)
+    for argv, match in ((["--likelihood", "poisson"], "--likelihood applies"),
+                        (["--method", "slice", "--family", "normal-gamma"], "--family applies")):
+        with pytest.raises(SystemExit, match=match):
+            main(["cluster", "c.csv", *argv, "--out", "b"])
