@@ -18,8 +18,10 @@ For each set, every method with its defaults, in the same run: ``MAPDP()`` (and
 ``"subcluster"``, the command line's default (``jaxbnp cluster FILE``, a subprocess
 with its own compilation cache), and scikit-learn's ``BayesianGaussianMixture``
 (``covariance_type="full"`` and ``"diag"``, ``n_components = min(50, n // 2)``,
-Dirichlet-process weights, otherwise its defaults) and ``KMeans`` told the true K.
-Columns: NMI and ARI against the truth, the K found against the true K, and wall seconds
+Dirichlet-process weights, otherwise its defaults) and ``KMeans`` told the true K; and
+``DirichletProcessMixture(method="auxiliary")`` with its cluster parameters sampled, with the
+default diagonal Gaussian likelihood (``DPM-auxiliary``) and with Student-t clusters
+(``DPM-auxiliary-t``, ``likelihood="student-t"``). Columns: NMI and ARI against the truth, the K found against the true K, and wall seconds
 of the first fit (compilation included for jaxbnp: the run starts with an empty persistent
 compilation cache, ``JAXBNP_CACHE_DIR``) and of a second fit of the same
 estimator on the same data (the compiled program reused). A method that raises gets its
@@ -51,7 +53,7 @@ import numpy as np
 from harness import RESULTS, cpu_seconds, utc_now, machine_info, other_cpu_seconds, write_json, write_lines
 
 METHODS = ("MAPDP", "MAPDP-diag", "DPM-gibbs", "DPM-splitmerge", "DPM-subcluster", "CLI", "BGM-full",
-           "BGM-diag", "KMeans-trueK")
+           "BGM-diag", "KMeans-trueK", "DPM-auxiliary", "DPM-auxiliary-t")
 
 
 def _random_covariances(rng, k: int, d: int, spread: float = 10.0) -> np.ndarray:
@@ -143,6 +145,9 @@ def _estimator(method: str, n: int, k_true: int, X=None):
         from jaxbnp.inference.partition.mapdp import default_prior
 
         return bnp.MAPDP(random_state=0, family=default_prior(X, covariance="diag"))
+    if method == "DPM-auxiliary-t":  # Student-t clusters, their parameters sampled
+        return bnp.DirichletProcessMixture(method="auxiliary", likelihood="student-t", random_state=0,
+                                           progress_bar=False)
     if method.startswith("DPM-"):
         return bnp.DirichletProcessMixture(method=method[4:], random_state=0, progress_bar=False)
     if method.startswith("BGM-"):
