@@ -50,7 +50,7 @@ from .inference.partition.clusters import ClusterState
 from .inference.partition.kernels import SUBCLUSTER_DEFAULT_CAPACITY
 from .inference.runner import run
 from . import plate_fit
-from .plate_fit import BLOCK as _BLOCK, PLATE_METHODS, SMALL_BLOCK as _SMALL_BLOCK, mixed_terms, overlap_counts
+from .plate_fit import PLATE_METHODS, mixed_terms, overlap_counts
 from .models.distributions import mixture_model
 from .models.families import Family
 from .models.measures import DP, Measure, PitmanYor
@@ -932,25 +932,10 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         if scaling is not None:
             X = (X - scaling[0]) / scaling[1]
         X = check_data(X, family=family)
-        m = X.shape[0]
-        block = _SMALL_BLOCK if m <= _SMALL_BLOCK else _BLOCK
-        padded = -(-m // block) * block
-        Xp = np.zeros((padded, X.shape[1]))
-        Xp[:m] = X
-        Xp[m:] = X[0]  # any valid point; the padding rows are dropped
-        Xp = jnp.asarray(Xp, dtype=jnp.result_type(float))
         t = self._predictive
-        outs = [
-            _predictive_block(Xp[i:i + block], family, t["params"], t["prior_params"],
-                              t["log_weight"], t["log_weight_new"], t["overlap"])
-            for i in range(0, padded, block)
-        ]
-        log_density, proba, proba_new = (
-            np.concatenate([np.asarray(o[k]) for o in outs])[:m] for k in range(3)
-        )
-        if scaling is not None:  # the density of x, not of its standardised coordinates
-            log_density = log_density - np.sum(np.log(scaling[1]))
-        return log_density, proba, proba_new
+        return plate_fit.blocked(X, scaling, lambda block: _predictive_block(
+            block, family, t["params"], t["prior_params"], t["log_weight"], t["log_weight_new"],
+            t["overlap"]))
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Posterior predictive probabilities ``(m, n_clusters_ + 1)``: joining each cluster

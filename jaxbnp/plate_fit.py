@@ -24,11 +24,11 @@ import numpy as np
 
 from . import _defaults as defaults
 from .inference.runner import run
-from .models.likelihoods import LIKELIHOODS
+from .models.likelihoods import LIKELIHOODS, STANDARDISED, check_likelihood_data, default_prior, plate_mixture
 from .models.measures import DP, PitmanYor
 
 __all__ = ["PLATE_METHODS", "PRIOR_DRAWS", "PLATE_CAPACITY", "SMALL_BLOCK", "BLOCK", "PlateCollect", "plate_kernel",
-           "prior_slot_draws", "plate_block", "mixed_terms", "overlap_counts", "check_settings", "Settings", "fit", "terms"]
+           "prior_slot_draws", "plate_block", "mixed_terms", "overlap_counts", "check_settings", "Settings", "fit", "terms", "blocked"]
 
 #: points per block of prediction (inputs are padded to these sizes to reuse compiled code)
 SMALL_BLOCK, BLOCK = 8, 64
@@ -170,7 +170,6 @@ def fit(settings: Settings, X, measure, options: dict, seed: int) -> tuple[dict,
     (``labels_``, ``n_clusters_``, ``posterior_samples_``, ``cluster_sites_``, ``measure_``,
     ``family_``, ``capacity_``) and what :func:`terms` needs."""
     from .metrics import point_estimate
-    from .models.likelihoods import STANDARDISED, check_likelihood_data, default_prior, plate_mixture
 
     s = settings
     lik = "normal" if s.likelihood is None else s.likelihood
@@ -259,8 +258,6 @@ def terms(state: dict, model, X) -> tuple:
     """``(log density (m,), proba existing (m, K), proba new (m,))`` of new points ``X``
     (validated, in the data's units) under a fit's ``state``; ``model``: the user's model
     (``None`` for a built-in likelihood)."""
-    from .models.likelihoods import check_likelihood_data, plate_mixture
-
     t = state
     spec, lik, scaling = t["spec"], t["likelihood"], t["scaling"]
     if lik is not None:
@@ -268,14 +265,23 @@ def terms(state: dict, model, X) -> tuple:
         model = plate_mixture(lik, spec.capacity)
     if scaling is not None:
         X = (X - scaling[0]) / scaling[1]
-    m = X.shape[0]
+    return blocked(X, scaling, lambda block: plate_block(
+        model, spec, block, t["extra"], t["params"], t["prior_params"], t["log_weight"],
+        t["log_weight_new"], t["overlap"]))
+
+
+def blocked(Z, scaling, block_fn) -> tuple:
+    """``block_fn`` over the rows of ``Z`` (new points in the fit's coordinates) in blocks of
+    :data:`SMALL_BLOCK` or :data:`BLOCK` rows, the last padded (one compiled program per block
+    size, whatever the number of points): ``(log density (m,), proba existing (m, K), proba
+    new (m,))``, the density of ``x`` in the data's units when the fit was in standardised
+    coordinates (``scaling``: ``(shift, scale)``)."""
+    m = Z.shape[0]
     block = SMALL_BLOCK if m <= SMALL_BLOCK else BLOCK
     padded = -(-m // block) * block
-    Xp = np.concatenate([X, np.repeat(X[:1], padded - m, axis=0)])  # padding rows dropped below
-    Xp = jnp.asarray(Xp, dtype=jnp.result_type(float))
-    outs = [plate_block(model, spec, Xp[i:i + block], t["extra"], t["params"], t["prior_params"],
-                        t["log_weight"], t["log_weight_new"], t["overlap"])
-            for i in range(0, padded, block)]
+    Zp = np.concatenate([Z, np.repeat(Z[:1], padded - m, axis=0)])  # valid rows, dropped below
+    Zp = jnp.asarray(Zp, dtype=jnp.result_type(float))
+    outs = [block_fn(Zp[i:i + block]) for i in range(0, padded, block)]
     log_density, proba, proba_new = (
         np.concatenate([np.asarray(o[k]) for o in outs])[:m] for k in range(3))
     if scaling is not None:  # the density of x, not of its standardised coordinates
