@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from harness import RESULTS, cpu_seconds, machine_info, other_cpu_seconds, write_json, write_lines
-METHODS = ("splitmerge", "gibbs", "tgmcmc", "subcluster", "mapdp", "ddt", "bhmc")
+METHODS = ("splitmerge", "gibbs", "tgmcmc", "subcluster", "mapdp", "ddt", "bhmc", "auxiliary", "slice")
 
 
 def run_once(method: str, dtype: str, cache: Path, out: Path) -> dict:
