@@ -21,7 +21,8 @@ import numpy as np
 
 from ._validation import constant_columns
 
-__all__ = ["METHOD", "NUM_CHAINS", "INIT_CLUSTERS", "ITERATIONS", "KERNEL_OPTIONS", "INIT",
+__all__ = ["METHOD", "NUM_CHAINS", "INIT_CLUSTERS", "ITERATIONS", "PLATE_CAPACITY", "PLATE_METHODS",
+           "KERNEL_OPTIONS", "INIT",
            "KMEANS_START", "FREE_SLOTS", "capacity_for_start", "kmeans_starts", "cli_defaults",
            "standardisation", "default_family", "in_data_units"]
 
@@ -34,6 +35,12 @@ INIT_CLUSTERS = 20
 #: (warm-up, kept draws) per chain of each MCMC method
 ITERATIONS = {"splitmerge": (50, 100), "gibbs": (100, 200), "tgmcmc": (30, 70), "subcluster": (50, 100),
               "auxiliary": (100, 100), "slice": (100, 100)}
+#: the methods for a likelihood whose cluster parameters are sampled (``likelihood=``,
+#: ``--likelihood``), and their first cluster slots (at most n): Algorithm 8 needs one free
+#: slot per new cluster; the slice sampler needs room for the sticks beyond the clusters
+#: (docs/mathematics.md §9: about 27 beyond them for DP(1) at n = T = 1,000)
+PLATE_CAPACITY = {"auxiliary": 32, "slice": 64}
+PLATE_METHODS = tuple(PLATE_CAPACITY)
 #: each method's kernel options that differ from the kernel's own defaults
 KERNEL_OPTIONS = {"splitmerge": {"num_split_merge": 5}, "gibbs": {}, "tgmcmc": {}, "subcluster": {},
                   "auxiliary": {}, "slice": {}}

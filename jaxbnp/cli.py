@@ -31,9 +31,9 @@ from . import _defaults as defaults
 
 __all__ = ["main"]
 
-METHODS = ("splitmerge", "gibbs", "tgmcmc", "subcluster", "mapdp", "ddt", "bhmc", "auxiliary", "slice")
 #: the methods for a likelihood with its cluster parameters (``--likelihood``)
-PLATE_METHODS = ("auxiliary", "slice")
+PLATE_METHODS = defaults.PLATE_METHODS
+METHODS = ("splitmerge", "gibbs", "tgmcmc", "subcluster", "mapdp", "ddt", "bhmc", *PLATE_METHODS)
 DEFAULT_METHOD = defaults.METHOD
 
 #: each method's defaults for the options left unset (chosen so that every method runs on
@@ -45,7 +45,7 @@ METHOD_DEFAULTS = {
     "bhmc": dict(chains=2, warmup=40, samples=60, max_points=0),
     # DirichletProcessMixture(method=...)'s own slots (the estimator fits them)
     **{m: dict(defaults.cli_defaults(m), capacity=c, family=None, init="one", likelihood="normal")
-       for m, c in (("auxiliary", 32), ("slice", 64))},
+       for m, c in defaults.PLATE_CAPACITY.items()},
 }
 _GENERIC_DEFAULTS = dict(chains=2, warmup=100, samples=200, capacity=32, split_merge_moves=10,
                          max_points=0, family="auto", init="kmeans")

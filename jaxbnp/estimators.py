@@ -50,7 +50,7 @@ from .inference.partition.clusters import ClusterState
 from .inference.partition.kernels import SUBCLUSTER_DEFAULT_CAPACITY
 from .inference.runner import run
 from . import plate_fit
-from .plate_fit import PLATE_METHODS, mixed_terms, overlap_counts
+from .plate_fit import mixed_terms, overlap_counts
 from .models.distributions import mixture_model
 from .models.families import Family
 from .models.measures import DP, Measure, PitmanYor
@@ -455,7 +455,6 @@ METHOD_OPTIONS = {
 }
 
 
-
 def _collect(state):
     out = {"labels": state.z["z"], "log_joint": state.log_joint, "num_clusters": state.num_clusters}
     if "u" in state.z:
@@ -479,7 +478,6 @@ def _predictive_tables(X, draws, measure, family, u, estimate):
     ``log_weight_new``: of a new cluster, ``(T,)``; ``overlap[t, j, k]``: the
     fraction of draw ``t``'s cluster ``j`` in the estimate's cluster ``k``.
     """
-    T = draws.shape[0]
     k_max = int(draws.max()) + 1
     Xj = jnp.asarray(X)
     params, prior, log_w, log_w_new, counts = _tables(
@@ -526,9 +524,6 @@ def _predictive_block(X_block, family, params, prior_params, log_weight, log_wei
         return mixed_terms(lp, lp0, log_weight, log_weight_new, overlap)
 
     return jax.lax.map(one, X_block)
-
-
-
 
 
 def _check_select_alpha(alphas: Any, method: Any, n_folds: Any) -> list:
@@ -797,7 +792,7 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         X = _validated(self, X, reset=True)
         auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         n = X.shape[0]
-        if self.method in PLATE_METHODS:  # a likelihood with its cluster parameters
+        if self.method in defaults.PLATE_METHODS:  # a likelihood with its cluster parameters
             warmup, samples = self._iterations()
             settings = plate_fit.Settings(
                 self.method, self.likelihood, self.capacity, self.init, int(self.num_chains), warmup,

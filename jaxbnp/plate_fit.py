@@ -32,8 +32,7 @@ __all__ = ["PLATE_METHODS", "PRIOR_DRAWS", "PLATE_CAPACITY", "SMALL_BLOCK", "BLO
 
 #: points per block of prediction (inputs are padded to these sizes to reuse compiled code)
 SMALL_BLOCK, BLOCK = 8, 64
-#: the estimator's methods for a likelihood written with a cluster plate, and their kernels
-PLATE_METHODS = ("auxiliary", "slice")
+PLATE_METHODS, PLATE_CAPACITY = defaults.PLATE_METHODS, defaults.PLATE_CAPACITY
 
 
 def mixed_terms(lp, lp0, log_weight, log_weight_new, overlap):
@@ -59,10 +58,6 @@ def overlap_counts(draws, estimate, k_max) -> np.ndarray:
 
 #: prior draws of a slot's parameters behind the new-cluster density of the predictive
 PRIOR_DRAWS = 256
-#: default cluster slots of the plate methods (at most n): Algorithm 8 needs one free slot per
-#: new cluster; the slice sampler needs room for the sticks beyond the clusters
-#: (docs/mathematics.md §9: about 27 beyond them for DP(1) at n = T = 1,000)
-PLATE_CAPACITY = {"auxiliary": 32, "slice": 64}
 
 
 class PlateCollect(NamedTuple):
@@ -205,7 +200,8 @@ def fit(settings: Settings, X, measure, options: dict, seed: int) -> tuple[dict,
         cache_key=("plate", s.method, options_key, lik, type(measure).__name__),
     )
     model = make_model(result.capacity)
-    tr, spec = plate_kernel(s.method, model, options_key).read_model({}, args, {})
+    if result.capacity != capacity:  # the plate grew: its spec has the new number of slots
+        tr, spec = plate_kernel(s.method, model, options_key).read_model({}, args, {})
     measure = tr[spec.partition_site]["fn"].measure
     samples = dict(result.samples)
     labels = samples.pop("labels").astype(np.int32)
@@ -213,11 +209,11 @@ def fit(settings: Settings, X, measure, options: dict, seed: int) -> tuple[dict,
     flat = labels.reshape(-1, n)
     estimate = point_estimate(flat, loss=s.point_estimate)
     C = spec.capacity
-    counts = np.stack([np.bincount(row, minlength=C) for row in flat])
+    overlap = overlap_counts(flat, estimate, C)
+    counts = overlap.sum(axis=2)  # each draw's cluster sizes
     log_w, log_w_new = jax.vmap(measure.gibbs_log_weights)(jnp.asarray(counts, dtype))
     log_w_new = jnp.broadcast_to(log_w_new, (flat.shape[0],))
     norm = jnp.logaddexp(jax.nn.logsumexp(log_w, axis=1), log_w_new)
-    overlap = overlap_counts(flat, estimate, C)
     params, sorted_params = {}, {}
     best = np.argmax(overlap, axis=1)  # (T, K_hat): each draw's slot of each cluster
     for name in spec.param_sites:
