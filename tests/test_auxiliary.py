@@ -126,6 +126,19 @@ def test_models_it_cannot_read_say_what_to_write(bad, message):
         _run(bnp.AuxiliaryGibbs(bad), jax.random.key(0))
 
 
+def test_launch_split_merge_splits_one_cluster_without_sweeps():
+    """``split_merge="launch"`` alone (no sweep) takes the one starting cluster to the two
+    groups: a split that draws both halves' rates; beside NUTS owning the rates it is refused
+    with the fix."""
+    mcmc = _run(bnp.AuxiliaryGibbs(model, num_sweeps=0, num_split_merge=2, split_merge="launch"),
+                jax.random.key(2))
+    z = np.asarray(mcmc.get_samples()["z"][-1])
+    assert len(set(z[:20]) & set(z[20:])) == 0 and np.asarray(mcmc.get_extra_fields()["num_clusters"])[-1] >= 2
+    kernel = Gibbs([(bnp.AuxiliaryGibbs(model, split_merge="launch"), ["z"]), (NUTS(model), ["rate"])])
+    with pytest.raises(ValueError, match="split_merge='given'"):
+        _run(kernel, jax.random.key(0))
+
+
 def test_more_slots_than_points_beside_nuts_is_refused():
     kernel = Gibbs([(bnp.AuxiliaryGibbs(model), ["z"]), (NUTS(model), ["rate"])])
     with pytest.raises(ValueError, match="at most n = 5 slots"):
@@ -134,7 +147,7 @@ def test_more_slots_than_points_beside_nuts_is_refused():
 
 def test_bad_settings_and_starts():
     for kwargs in ({"num_param_steps": 0}, {"step_size": -1.0}, {"init_strategy": "singletons"},
-                   {"chain_batching": "pmap"}):
+                   {"chain_batching": "pmap"}, {"split_merge": "restricted"}, {"num_launch_steps": 0}):
         with pytest.raises(ValueError):
             bnp.AuxiliaryGibbs(model, **kwargs)
     with pytest.raises(ValueError, match="misspelt|init_params names"):
