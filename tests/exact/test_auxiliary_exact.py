@@ -24,7 +24,7 @@ from scipy import stats
 from scipy.special import logsumexp
 
 import jaxbnp as bnp
-from jaxbnp.inference.partition import auxiliary
+from jaxbnp.inference.partition import auxiliary, launch
 
 from .enumeration import normalise, set_partitions, total_variation
 from .test_gibbs_exact import TV_TOLERANCE, _run
@@ -217,7 +217,7 @@ def test_power_launch_split_merge_without_its_proposal_density(monkeypatch):
     """The same test detects the launch move with its parameters' Gaussian proposal density
     left out of the ratio (as if the draws were Gibbs steps): TV about 0.1 against 0.01."""
     parts, probs = _exact(POISSON_X, bnp.DP(1.0), _poisson_marginals())
-    monkeypatch.setattr(auxiliary, "_gauss_log_density", lambda v, mean, lam, vec: 0.0 * jnp.sum(v))
+    monkeypatch.setattr(launch, "_gauss_log_density", lambda v, mean, lam, vec: 0.0 * jnp.sum(v))
     tv = _mcmc_tv(_poisson_model(bnp.DP(1.0)), POISSON_X, parts, probs, 4000, num_sweeps=1,
                   num_split_merge=2, split_merge="launch")
     assert tv > TV_TOLERANCE, tv
