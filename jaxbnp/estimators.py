@@ -449,7 +449,7 @@ METHOD_OPTIONS = {
     "mapdp": ("n_restarts", "mode", "tol", "max_iter", "block_size", "split_moves", "merge_moves",
               "init", "init_clusters"),
     "auxiliary": ("num_sweeps", "num_split_merge", "num_param_steps", "step_size", "init_strategy",
-                  "chain_batching"),
+                  "chain_batching", "split_merge", "num_launch_steps"),
     "slice": ("num_swap_passes", "num_split_merge", "num_param_steps", "step_size", "init_strategy",
               "chain_batching"),
 }

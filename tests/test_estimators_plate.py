@@ -96,7 +96,8 @@ def test_a_model_of_the_users_own():
         numpyro.sample("X", dist.Poisson(rate[z][:, None]).to_event(1), obs=X)  # X is (n, 1)
 
     X, y = _counts()
-    est = bnp.DirichletProcessMixture(method="auxiliary", likelihood=model, **SETTINGS).fit(X)
+    est = bnp.DirichletProcessMixture(method="auxiliary", likelihood=model,  # the launch moves too
+                                      method_options={"split_merge": "launch"}, **SETTINGS).fit(X)
     assert adjusted_rand_score(y, est.labels_) > 0.8 and est.capacity_ == 16
     assert est.posterior_samples_["rate"].shape == (2, 20, est.n_clusters_)
     assert np.exp(est.score_samples(np.arange(0, 300.0)[:, None])).sum() == pytest.approx(1.0, abs=1e-3)
