@@ -8,8 +8,15 @@ users write today), on the same data in the same run.
 
 Data (seed 0): ``poisson``: 2,000 counts from 6 clusters with LogNormal(2, 1.5) rates;
 ``student``: 5,000 2-D points from 8 Student-t (nu = 3) clusters, means N(0, 5^2 I), unit
-scale. Models: DP(1) over the clusters, the generating priors on the cluster parameters
-(rate ~ LogNormal(2, 1.5); mean ~ N(0, 5^2 I), the likelihood Poisson / Student-t(3, mean, 1)).
+scale; ``regression``: 2,000 pairs ``(x, y)``, ``x ~ U(-3, 3)``, from 4 lines
+``y = a_k + b_k x + N(0, s_k^2)`` with ``(a_k, b_k) ~ N(0, 2^2 I)``, ``s_k ~ LogNormal(log 0.5, 0.3)``
+(a mixture of linear regressions: the clusters are lines, not blobs, so they cross).
+Models: DP(1) over the clusters, the generating priors on the cluster parameters
+(rate ~ LogNormal(2, 1.5); mean ~ N(0, 5^2 I), the likelihood Poisson / Student-t(3, mean, 1);
+coefficients ~ N(0, 2^2 I) and noise scale ~ LogNormal(log 0.5, 0.3), the likelihood of ``y``
+Normal(a + b x, s)). ``auxiliary-launch`` is ``AuxiliaryGibbs(split_merge="launch")`` with
+``--launch-split-merge`` moves per iteration (Jain and Neal's kind: the parameters of the
+clusters it makes drawn from launch states).
 jaxbnp: a plate of 32 slots, 2 chains one after another, each kernel with its defaults
 (``num_split_merge`` from ``--split-merge`` and ``--slice-split-merge``). NumPyro: truncation T = 20,
 stick-breaking weights, ``MixtureSameFamily`` (labels summed out), NUTS, 2 chains one after
@@ -57,6 +64,16 @@ def make_data(name: str):
         w = np.bincount(truth, minlength=k) / n
         bayes = np.argmax(np.log(w) + stats.poisson.logpmf(X[:, None], rates[None]), 1)
         return X, truth, bayes
+    if name == "regression":
+        k, n = 4, 2000
+        coef = rng.normal(0.0, 2.0, (k, 2))
+        scale = np.exp(rng.normal(np.log(0.5), 0.3, k))
+        truth = rng.integers(0, k, n)
+        x = rng.uniform(-3.0, 3.0, n)
+        y = coef[truth, 0] + coef[truth, 1] * x + scale[truth] * rng.normal(size=n)
+        X = np.stack([x, y], 1).astype(np.float32)
+        w = np.bincount(truth, minlength=k) / n
+        return X, truth, classify(name, X, w, (coef, scale))
     k, n = 8, 5000
     means = rng.normal(0.0, 5.0, (k, 2))
     truth = rng.integers(0, k, n)
@@ -79,7 +96,14 @@ def jaxbnp_model(name):
             mu = numpyro.sample("mu", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
         numpyro.sample("X", dist.StudentT(3.0, mu[z], 1.0).to_event(1), obs=X)
 
-    return poisson if name == "poisson" else student
+    def regression(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+        with numpyro.plate("clusters", SLOTS):
+            coef = numpyro.sample("coef", dist.Normal(0.0, 2.0).expand([2]).to_event(1))
+            scale = numpyro.sample("scale", dist.LogNormal(np.log(0.5), 0.3))
+        numpyro.sample("y", dist.Normal(coef[z, 0] + coef[z, 1] * X[:, 0], scale[z]), obs=X[:, 1])
+
+    return {"poisson": poisson, "student": student, "regression": regression}[name]
 
 
 def truncated_model(name):
@@ -103,13 +127,29 @@ def truncated_model(name):
         with numpyro.plate("data", X.shape[0]):
             numpyro.sample("X", dist.MixtureSameFamily(dist.Categorical(w), comp), obs=X)
 
-    return poisson if name == "poisson" else student
+    def regression(X):
+        w = weights()
+        with numpyro.plate("components", TRUNCATION):
+            coef = numpyro.sample("coef", dist.Normal(0.0, 2.0).expand([2]).to_event(1))
+            scale = numpyro.sample("scale", dist.LogNormal(np.log(0.5), 0.3))
+        comp = dist.Normal(coef[:, 0] + coef[:, 1] * X[:, :1], scale)  # batch (n, T)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.MixtureSameFamily(dist.Categorical(w), comp), obs=X[:, 1])
+
+    return {"poisson": poisson, "student": student, "regression": regression}[name]
+
+
+#: the cluster parameter sites each set's classifier reads
+PARAM_SITES = {"poisson": ("rate",), "student": ("mu",), "regression": ("coef", "scale")}
 
 
 def classify(name, X, weights, params):
     """Each point's most probable component given mixture weights and parameters."""
     if name == "poisson":
         ll = stats.poisson.logpmf(X[:, None], np.asarray(params)[None])
+    elif name == "regression":
+        coef, scale = (np.asarray(p) for p in params)
+        ll = stats.norm.logpdf(X[:, 1:2], coef[None, :, 0] + coef[None, :, 1] * X[:, :1], scale[None])
     else:
         ll = stats.t.logpdf(X[:, None, :], 3.0, np.asarray(params)[None]).sum(-1)
     with np.errstate(divide="ignore"):
@@ -127,13 +167,21 @@ def _diagnostics(chains: dict) -> tuple[float, float]:
     return float(np.nanmax(rhat)), float(np.nanmin(ess))
 
 
+def _params(samples, name, index=None):
+    got = tuple(np.asarray(samples[site] if index is None else samples[site][index]) for site in PARAM_SITES[name])
+    return got[0] if len(got) == 1 else got
+
+
 def run_jaxbnp(name, X, truth, warmup, samples, num_split_merge=10, kernel="auxiliary"):
     model = jaxbnp_model(name)
     walls = []
     for rep in range(2):
         start = time.perf_counter()
-        kernel_cls = bnp.AuxiliaryGibbs if kernel == "auxiliary" else bnp.SliceGibbs
-        made = kernel_cls(model, num_split_merge=num_split_merge)
+        if kernel == "slice":
+            made = bnp.SliceGibbs(model, num_split_merge=num_split_merge)
+        else:
+            made = bnp.AuxiliaryGibbs(model, num_split_merge=num_split_merge,
+                                      split_merge="launch" if kernel == "auxiliary-launch" else "given")
         mcmc = MCMC(made, num_warmup=warmup, num_samples=samples, num_chains=2,
                     chain_method="sequential", progress_bar=False)
         mcmc.run(jax.random.key(rep), jnp.asarray(X),
@@ -142,7 +190,7 @@ def run_jaxbnp(name, X, truth, warmup, samples, num_split_merge=10, kernel="auxi
         walls.append(time.perf_counter() - start)
     extra = mcmc.get_extra_fields(group_by_chain=True)
     best = np.argmax(np.asarray(mcmc.get_extra_fields()["log_joint"]))
-    params = np.asarray(mcmc.get_samples()["rate" if name == "poisson" else "mu"][best])
+    params = _params(mcmc.get_samples(), name, best)
     weights = np.bincount(z[best], minlength=SLOTS) / len(X)
     labels = classify(name, X, weights, params)
     rhat, ess = _diagnostics({"K": extra["num_clusters"], "log_joint": extra["log_joint"]})
@@ -164,7 +212,7 @@ def run_numpyro(name, X, truth, warmup, samples):
         walls.append(time.perf_counter() - start)
     v = np.asarray(post["v"]).mean(0)
     w = np.concatenate([v, [1.0]]) * np.concatenate([[1.0], np.cumprod(1 - v)])
-    labels = classify(name, X, w, np.asarray(post["rate" if name == "poisson" else "mu"]).mean(0))
+    labels = classify(name, X, w, _params({k: np.asarray(v).mean(0) for k, v in post.items()}, name))
     rhat, ess = _diagnostics(mcmc.get_samples(group_by_chain=True))
     return {"wall_first_s": walls[0], "wall_second_s": walls[1], "nmi": nmi(truth, labels),
             "K": int(len(np.unique(labels))), "max_rhat": rhat, "min_ess": ess}
@@ -177,8 +225,11 @@ def main():
     ap.add_argument("--samples", type=int, default=500)
     ap.add_argument("--numpyro-warmup", type=int, default=500)
     ap.add_argument("--numpyro-samples", type=int, default=500)
-    ap.add_argument("--kernels", nargs="+", default=["auxiliary", "slice"], choices=["auxiliary", "slice"])
+    ap.add_argument("--kernels", nargs="+", default=["auxiliary", "slice"],
+                    choices=["auxiliary", "auxiliary-launch", "slice"])
     ap.add_argument("--split-merge", type=int, default=10, help="AuxiliaryGibbs's num_split_merge")
+    ap.add_argument("--launch-split-merge", type=int, default=2,
+                    help="num_split_merge of AuxiliaryGibbs(split_merge='launch')")
     ap.add_argument("--slice-split-merge", type=int, default=10, help="SliceGibbs's num_split_merge")
     ap.add_argument("--skip-numpyro", action="store_true")
     ap.add_argument("--out-name", default="nonconjugate")
@@ -191,6 +242,10 @@ def main():
             runs.append((f"jaxbnp AuxiliaryGibbs (num_split_merge={args.split_merge})",
                          lambda *a: run_jaxbnp(*a, num_split_merge=args.split_merge), args.warmup,
                          args.samples))
+        if "auxiliary-launch" in args.kernels:
+            runs.append((f"jaxbnp AuxiliaryGibbs (split_merge='launch', num_split_merge={args.launch_split_merge})",
+                         lambda *a: run_jaxbnp(*a, num_split_merge=args.launch_split_merge,
+                                               kernel="auxiliary-launch"), args.warmup, args.samples))
         if "slice" in args.kernels:
             runs.append((f"jaxbnp SliceGibbs (num_split_merge={args.slice_split_merge})",
                          lambda *a: run_jaxbnp(*a, num_split_merge=args.slice_split_merge, kernel="slice"),
