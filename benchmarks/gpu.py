@@ -15,8 +15,10 @@ sizes on whatever device JAX has, for the suite):
   10^7 points: first fit (compilation) and second fit, K and NMI.
 * ``subcluster``: ``SubClusterMCMC`` on the same data, 10^5, 10^6 and 10^7 points, 20
   iterations through :func:`jaxbnp.inference.runner.run` (compiled once per shape).
-* ``chains``: ``CollapsedGibbs``, ``SplitMerge`` and ``SubClusterMCMC`` with 1, 64 and
-  1,024 vectorised chains on 500 points: seconds per iteration and chain-iterations/s.
+* ``chains``: ``CollapsedGibbs``, ``SplitMerge`` and ``SubClusterMCMC`` (2-D Gaussian
+  clusters) and ``SliceGibbs`` (Poisson counts, 64 slots) with 1, 64 and 1,024 vectorised
+  chains on 500 points (``--chains`` for other counts): seconds per iteration and
+  chain-iterations/s.
 * ``ddt``: ``PopulationDDT`` with 2, 8 and 64 chains on 32 points.
 * ``auxiliary``: ``AuxiliaryGibbs`` and ``SliceGibbs`` (issue #40) on Poisson counts from 6
   clusters, 20 iterations: ``AuxiliaryGibbs`` (32 slots) at 10^4 and 10^5 points
@@ -181,7 +183,37 @@ def part_subcluster(out: Path, dry: bool) -> None:
                                   "nmi": _nmi(y, r.samples["z"].reshape(-1, n)[-1])})
 
 
-def part_chains(out: Path, dry: bool) -> None:
+def _slice_chains(n: int, chains: int, iters: int):
+    """``SliceGibbs`` (64 slots) on Poisson counts from 6 clusters, ``chains`` vectorised
+    chains through NumPyro's ``MCMC``: (first run, second run) seconds."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC
+
+    import jaxbnp as bnp
+
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+        with numpyro.plate("clusters", 64):
+            rate = numpyro.sample("rate", dist.LogNormal(2.0, 1.5))
+        numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+    rng = np.random.default_rng(0)
+    X = jnp.asarray(rng.poisson(np.exp(rng.normal(2.0, 1.5, 6))[rng.integers(0, 6, n)]).astype(np.float32))
+    mcmc = MCMC(bnp.SliceGibbs(model), num_warmup=0, num_samples=iters, num_chains=chains,
+                chain_method="vectorized", progress_bar=True, jit_model_args=True)
+
+    def go(seed):
+        mcmc.run(jax.random.key(seed), X)
+        return jax.block_until_ready(mcmc.get_samples())
+
+    return _timed(lambda: go(0))[1], _timed(lambda: go(1))[1]
+
+
+def part_chains(out: Path, dry: bool, chain_counts=None) -> None:
     import jaxbnp as bnp
 
     n = 100 if dry else 500
@@ -193,10 +225,13 @@ def part_chains(out: Path, dry: bool) -> None:
         "SubClusterMCMC": lambda c: bnp.SubClusterMCMC(bnp.mixture_model, capacity=c),
     }
     iters = 3 if dry else 10
-    for chains in ([2] if dry else [1, 64, 1024]):
-        for name, make in kernels.items():
-            _, t_first, t_second, _ = _run_kernel(make, X, family, iters, chains, 0,
-                                                  ("gpu-chains", name, chains))
+    for chains in chain_counts or ([2] if dry else [1, 64, 1024]):
+        for name in (*kernels, "SliceGibbs"):
+            if name == "SliceGibbs":
+                t_first, t_second = _slice_chains(n, chains, iters)
+            else:
+                _, t_first, t_second, _ = _run_kernel(kernels[name], X, family, iters, chains, 0,
+                                                      ("gpu-chains", name, chains))
             _emit(out, "chains", {"kernel": name, "n": n, "chains": chains, "iterations": iters,
                                   "first_s": t_first, "second_s": t_second,
                                   "s_per_iteration": t_second / iters,
@@ -285,10 +320,12 @@ def report(out: Path) -> None:
         path = out / f"{part}.jsonl"
         rows[part] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     (out / "gpu.json").write_text(json.dumps(rows, indent=1))
-    lines = ["# GPU tables (benchmarks/gpu.sh)", ""]
+    lines = ["# GPU tables (benchmarks/gpu.sh)" if out.name == "gpu" else f"# benchmarks/gpu.py tables ({out.name})", ""]
     env = rows["env"][-1] if rows["env"] else {}
     lines += [f"- {k}: {v}" for k, v in env.items() if k != "part"]
     for part in PARTS[1:]:
+        if not rows[part] and out.name != "gpu":  # a table of some parts (e.g. the CPU's chains)
+            continue
         lines += ["", f"## {part}", ""]
         if not rows[part]:
             lines.append("(no row: the part did not reach its first size before its cap, or failed; see gpu.log)")
@@ -309,6 +346,7 @@ def main() -> None:
     ap.add_argument("--report", action="store_true")
     ap.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results" / "gpu"))
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--chains", type=int, nargs="+", help="the chains part's chain counts")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -317,7 +355,10 @@ def main() -> None:
         return
     if args.part is None:
         sys.exit("gpu.py: --part NAME or --report")
-    globals()[f"part_{args.part}"](out, args.dry_run)
+    if args.part == "chains":
+        part_chains(out, args.dry_run, args.chains)
+    else:
+        globals()[f"part_{args.part}"](out, args.dry_run)
 
 
 if __name__ == "__main__":

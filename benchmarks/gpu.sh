@@ -15,7 +15,7 @@
 # 4. Report: DIR/gpu.md and DIR/gpu.json; the log is DIR/gpu.log.
 #
 # --dry-run: the same code paths at tiny sizes on the CPU (JAX_PLATFORMS=cpu), no
-# installs, caps of 60 s in all; the suite runs it (tests/test_gpu_script.py).
+# installs, caps of 60-90 s; the suite runs it (tests/test_gpu_script.py).
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 DRY=0
@@ -41,7 +41,7 @@ export JAXBNP_CACHE_DIR="$(mktemp -d)"  # an empty persistent cache: "first" is 
 if [ "$DRY" = 1 ]; then
   export JAX_PLATFORMS=cpu
   PY="${PYTHON:-python}"
-  CAPS="env:20 gibbs:60 mapdp:60 subcluster:60 chains:60 ddt:60 auxiliary:60"
+  CAPS="env:20 gibbs:60 mapdp:60 subcluster:60 chains:90 ddt:60 auxiliary:60"
   DRYFLAG=--dry-run
 else
   DRYFLAG=

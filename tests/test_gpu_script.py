@@ -27,7 +27,7 @@ def test_gpu_script_dry_run(tmp_path):
         assert rows[part], f"part {part} wrote no row"
         for row in rows[part]:
             assert row["first_s"] > 0 and row["second_s"] > 0
-    assert {r["kernel"] for r in rows["chains"]} == {"CollapsedGibbs", "SplitMerge", "SubClusterMCMC"}
+    assert {r["kernel"] for r in rows["chains"]} == {"CollapsedGibbs", "SplitMerge", "SubClusterMCMC", "SliceGibbs"}
     assert {r["kernel"] for r in rows["auxiliary"]} == {"AuxiliaryGibbs", "SliceGibbs"}
     table = (tmp_path / "gpu.md").read_text()
     assert "## subcluster" in table and "no row" not in table

@@ -215,9 +215,10 @@ def test_launch_split_merge_matches_enumeration(case):
 
 def test_power_launch_split_merge_without_its_proposal_density(monkeypatch):
     """The same test detects the launch move with its parameters' Gaussian proposal density
-    left out of the ratio (as if the draws were Gibbs steps): TV about 0.1 against 0.01."""
+    left out of the ratio (as if the draws were Gibbs steps): with 2,000 draws per chain TV 0.11,
+    against 0.019 for the right move on the same key."""
     parts, probs = _exact(POISSON_X, bnp.DP(1.0), _poisson_marginals())
     monkeypatch.setattr(launch, "_gauss_log_density", lambda v, mean, lam, vec: 0.0 * jnp.sum(v))
-    tv = _mcmc_tv(_poisson_model(bnp.DP(1.0)), POISSON_X, parts, probs, 4000, num_sweeps=1,
+    tv = _mcmc_tv(_poisson_model(bnp.DP(1.0)), POISSON_X, parts, probs, 2000, num_sweeps=1,
                   num_split_merge=2, split_merge="launch")
     assert tv > TV_TOLERANCE, tv
