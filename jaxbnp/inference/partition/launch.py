@@ -121,19 +121,19 @@ def launch_split_merge(m, key, labels, params, measure, num_launch_steps: int = 
     side = (centred @ direction > 0) ^ jax.random.bernoulli(k_coin)
     ab = jnp.stack([a, b])
 
-    def allocate(xs, lab):  # each point of S to its likelier slot: log P(b) per point
+    def b_over_a(xs, lab):  # log (n_b f_b / n_a f_a) per point
         n_ab = jnp.stack([jnp.sum(in_s & (lab == a)), jnp.sum(in_s & (lab == b))]) + 0.5
-        return jax.nn.log_sigmoid(slot_lik(xs[1], b) + jnp.log(n_ab[1]) - slot_lik(xs[0], a) - jnp.log(n_ab[0]))
+        return slot_lik(xs[1], b) + jnp.log(n_ab[1]) - slot_lik(xs[0], a) - jnp.log(n_ab[0])
 
-    def launch_round(_, carry):
+    def launch_round(_, carry):  # two Newton steps, then each point to its likelier slot
         xs, lab = carry
         xs = _newton(on_rows(lab, ab), xs, 2)
-        return xs, jnp.where(in_s, jnp.where(allocate(xs, lab) > math.log(0.5), b, a), labels)
+        return xs, jnp.where(in_s, jnp.where(b_over_a(xs, lab) > 0, b, a), labels)
 
     lab_s = jnp.where(in_s, jnp.where(side, b, a), labels)
     xs, lab_s = lax.fori_loop(0, num_launch_steps, launch_round, (jnp.concatenate([xm, xm]), lab_s))
-    log_to_b = allocate(xs, lab_s)
-    log_to_a = jnp.log1p(-jnp.exp(jnp.minimum(log_to_b, -1e-30)))
+    ratio = b_over_a(xs, lab_s)
+    log_to_b, log_to_a = jax.nn.log_sigmoid(ratio), jax.nn.log_sigmoid(-ratio)
     lam_s, vec_s = _precision(on_rows(lab_s, ab), xs)
 
     def log_q_split(lab, xx):  # the split launch's proposal of (allocation of S, theta_a, theta_b)
