@@ -17,9 +17,9 @@ coefficients ~ N(0, 2^2 I) and noise scale ~ LogNormal(log 0.5, 0.3), the likeli
 Normal(a + b x, s)). ``auxiliary-launch`` is ``AuxiliaryGibbs(split_merge="launch")`` with
 ``--launch-split-merge`` moves per iteration (Jain and Neal's kind: the parameters of the
 clusters it makes drawn from launch states).
-jaxbnp: a plate of 32 slots, 2 chains one after another, each kernel with its defaults
+jaxbnp: a plate of 32 slots, ``--chains`` chains (2 by default) one after another, each kernel with its defaults
 (``num_split_merge`` from ``--split-merge`` and ``--slice-split-merge``). NumPyro: truncation T = 20,
-stick-breaking weights, ``MixtureSameFamily`` (labels summed out), NUTS, 2 chains one after
+stick-breaking weights, ``MixtureSameFamily`` (labels summed out), NUTS, as many chains one after
 another.
 
 Columns: wall time of the whole run (first run, compilation included) and of a second run of
@@ -27,7 +27,7 @@ the same shapes (its compilation cached where the library caches it); NMI agains
 of each point's most probable component: given the draw with the highest log joint (its
 parameters, its cluster sizes as weights; jaxbnp; the draw's own labels in brackets in the
 JSON) or given the posterior-mean weights and parameters (NumPyro), beside the classifier that
-knows the true parameters; max R-hat and min bulk ESS over the two chains (jaxbnp: of K and the log joint,
+knows the true parameters; max R-hat and min bulk ESS over the chains (jaxbnp: of K and the log joint,
 label-free; NumPyro: of every parameter, as a NumPyro user reads them, label switching
 included).
 """
@@ -172,7 +172,7 @@ def _params(samples, name, index=None):
     return got[0] if len(got) == 1 else got
 
 
-def run_jaxbnp(name, X, truth, warmup, samples, num_split_merge=10, kernel="auxiliary"):
+def run_jaxbnp(name, X, truth, warmup, samples, num_split_merge=10, kernel="auxiliary", num_chains=2):
     model = jaxbnp_model(name)
     walls = []
     for rep in range(2):
@@ -182,7 +182,7 @@ def run_jaxbnp(name, X, truth, warmup, samples, num_split_merge=10, kernel="auxi
         else:
             made = bnp.AuxiliaryGibbs(model, num_split_merge=num_split_merge,
                                       split_merge="launch" if kernel == "auxiliary-launch" else "given")
-        mcmc = MCMC(made, num_warmup=warmup, num_samples=samples, num_chains=2,
+        mcmc = MCMC(made, num_warmup=warmup, num_samples=samples, num_chains=num_chains,
                     chain_method="sequential", progress_bar=False)
         mcmc.run(jax.random.key(rep), jnp.asarray(X),
                  extra_fields=("log_joint", "num_clusters", "num_accepted"))
@@ -199,12 +199,12 @@ def run_jaxbnp(name, X, truth, warmup, samples, num_split_merge=10, kernel="auxi
             "min_ess": ess, "accepted_per_iteration": float(np.mean(np.asarray(extra["num_accepted"])))}
 
 
-def run_numpyro(name, X, truth, warmup, samples):
+def run_numpyro(name, X, truth, warmup, samples, num_chains=2):
     model = truncated_model(name)
     walls = []
     for rep in range(2):
         start = time.perf_counter()
-        mcmc = MCMC(NUTS(model), num_warmup=warmup, num_samples=samples, num_chains=2,
+        mcmc = MCMC(NUTS(model), num_warmup=warmup, num_samples=samples, num_chains=num_chains,
                     chain_method="sequential", progress_bar=False)
         mcmc.run(jax.random.key(rep), jnp.asarray(X))
         post = mcmc.get_samples()
@@ -232,6 +232,7 @@ def main():
                     help="num_split_merge of AuxiliaryGibbs(split_merge='launch')")
     ap.add_argument("--slice-split-merge", type=int, default=10, help="SliceGibbs's num_split_merge")
     ap.add_argument("--skip-numpyro", action="store_true")
+    ap.add_argument("--chains", type=int, default=2, help="chains per method (R-hat over them)")
     ap.add_argument("--out-name", default="nonconjugate")
     args = ap.parse_args()
     rows = []
@@ -240,22 +241,26 @@ def main():
         runs = []
         if "auxiliary" in args.kernels:
             runs.append((f"jaxbnp AuxiliaryGibbs (num_split_merge={args.split_merge})",
-                         lambda *a: run_jaxbnp(*a, num_split_merge=args.split_merge), args.warmup,
+                         lambda *a: run_jaxbnp(*a, num_split_merge=args.split_merge, num_chains=args.chains), args.warmup,
                          args.samples))
         if "auxiliary-launch" in args.kernels:
             runs.append((f"jaxbnp AuxiliaryGibbs (split_merge='launch', num_split_merge={args.launch_split_merge})",
                          lambda *a: run_jaxbnp(*a, num_split_merge=args.launch_split_merge,
-                                               kernel="auxiliary-launch"), args.warmup, args.samples))
+                                               kernel="auxiliary-launch", num_chains=args.chains),
+                         args.warmup, args.samples))
         if "slice" in args.kernels:
             runs.append((f"jaxbnp SliceGibbs (num_split_merge={args.slice_split_merge})",
-                         lambda *a: run_jaxbnp(*a, num_split_merge=args.slice_split_merge, kernel="slice"),
+                         lambda *a: run_jaxbnp(*a, num_split_merge=args.slice_split_merge, kernel="slice",
+                                               num_chains=args.chains),
                          args.warmup, args.samples))
         if not args.skip_numpyro:
-            runs.append(("NumPyro NUTS, truncated", run_numpyro, args.numpyro_warmup, args.numpyro_samples))
+            runs.append(("NumPyro NUTS, truncated", lambda *a: run_numpyro(*a, num_chains=args.chains),
+                         args.numpyro_warmup, args.numpyro_samples))
         for method, fn, w, s in runs:
             res = fn(name, X, truth, w, s)
             res.update(set=name, n=int(X.shape[0]), method=method, warmup=w, samples=s,
-                       bayes_nmi=nmi(truth, bayes))
+                       bayes_nmi=nmi(truth, bayes), chains=args.chains,
+                       ess_per_s=res["min_ess"] / res["wall_second_s"])
             print(res, flush=True)
             rows.append(res)
     flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {' '.join(v) if isinstance(v, list) else v}")
@@ -264,13 +269,13 @@ def main():
         "date": utc_now(), "git": git_state(), "machine": machine_info(), "rows": rows}
     write_json(RESULTS / f"{args.out_name}.json", out)
     lines = [f"# Non-conjugate DP mixtures (`{args.out_name}`)", "", f"`{out['command']}` (module docstring); "
-             f"{utc_now()}, 2 chains each, float32.", "",
-             "| set | n | method | warm-up + draws | wall, first run | second run | NMI (true-parameter classifier) | K | max R-hat | min bulk ESS |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"{utc_now()}, {args.chains} chains each, float32. ESS per second: min bulk ESS over the second run's wall time.", "",
+             "| set | n | method | warm-up + draws | wall, first run | second run | NMI (true-parameter classifier) | K | max R-hat | min bulk ESS | ESS / s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['set']} | {r['n']:,} | {r['method']} | {r['warmup']}+{r['samples']} | "
                      f"{r['wall_first_s']:.1f} s | {r['wall_second_s']:.1f} s | {r['nmi']:.3f} ({r['bayes_nmi']:.3f}) | "
-                     f"{r['K']} | {r['max_rhat']:.2f} | {r['min_ess']:.0f} |")
+                     f"{r['K']} | {r['max_rhat']:.2f} | {r['min_ess']:.0f} | {r['ess_per_s']:.2f} |")
     write_lines(RESULTS / f"{args.out_name}.md", lines)
 
 
