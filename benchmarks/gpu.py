@@ -183,27 +183,43 @@ def part_subcluster(out: Path, dry: bool) -> None:
                                   "nmi": _nmi(y, r.samples["z"].reshape(-1, n)[-1])})
 
 
-def _slice_chains(n: int, chains: int, iters: int):
-    """``SliceGibbs`` (64 slots) on Poisson counts from 6 clusters, ``chains`` vectorised
-    chains through NumPyro's ``MCMC``: (first run, second run) seconds."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+def _poisson_plate_model(slots: int):
+    """DP(1) over Poisson counts with LogNormal(2, 1.5) rates in a plate of ``slots``."""
     import numpyro
     import numpyro.distributions as dist
-    from numpyro.infer import MCMC
 
     import jaxbnp as bnp
 
     def model(X):
         z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
-        with numpyro.plate("clusters", 64):
+        with numpyro.plate("clusters", slots):
             rate = numpyro.sample("rate", dist.LogNormal(2.0, 1.5))
         numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
 
+    return model
+
+
+def _poisson_counts(n: int):
+    """``(X, y)``: ``n`` counts from 6 clusters with LogNormal(2, 1.5) rates (seed 0)."""
+    import jax.numpy as jnp
+    import numpy as np
+
     rng = np.random.default_rng(0)
-    X = jnp.asarray(rng.poisson(np.exp(rng.normal(2.0, 1.5, 6))[rng.integers(0, 6, n)]).astype(np.float32))
-    mcmc = MCMC(bnp.SliceGibbs(model), num_warmup=0, num_samples=iters, num_chains=chains,
+    rates = np.exp(rng.normal(2.0, 1.5, 6))
+    y = rng.integers(0, 6, n)
+    return jnp.asarray(rng.poisson(rates[y]).astype(np.float32)), y
+
+
+def _slice_chains(n: int, chains: int, iters: int):
+    """``SliceGibbs`` (64 slots) on Poisson counts from 6 clusters, ``chains`` vectorised
+    chains through NumPyro's ``MCMC``: (first run, second run) seconds."""
+    import jax
+    from numpyro.infer import MCMC
+
+    import jaxbnp as bnp
+
+    X, _ = _poisson_counts(n)
+    mcmc = MCMC(bnp.SliceGibbs(_poisson_plate_model(64)), num_warmup=0, num_samples=iters, num_chains=chains,
                 chain_method="vectorized", progress_bar=True, jit_model_args=True)
 
     def go(seed):
@@ -272,21 +288,10 @@ def part_ddt(out: Path, dry: bool) -> None:
 
 def part_auxiliary(out: Path, dry: bool) -> None:
     import jax
-    import jax.numpy as jnp
     import numpy as np
-    import numpyro
-    import numpyro.distributions as dist
     from numpyro.infer import MCMC
 
     import jaxbnp as bnp
-
-    def make_model(slots):
-        def model(X):
-            z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
-            with numpyro.plate("clusters", slots):
-                rate = numpyro.sample("rate", dist.LogNormal(2.0, 1.5))
-            numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
-        return model
 
     # SliceGibbs's plate must also hold the sticks that may exceed a slice: 64 at 10^6 points
     # (docs/mathematics.md §9); AuxiliaryGibbs needs only the clusters
@@ -296,11 +301,8 @@ def part_auxiliary(out: Path, dry: bool) -> None:
     sizes = {"AuxiliaryGibbs": [500] if dry else [10_000, 100_000],
              "SliceGibbs": [500] if dry else [100_000, 1_000_000]}
     for name, n in [(k, n) for k in sizes for n in sizes[k]]:
-        rng = np.random.default_rng(0)
-        rates = np.exp(rng.normal(2.0, 1.5, 6))
-        y = rng.integers(0, 6, n)
-        X = jnp.asarray(rng.poisson(rates[y]).astype(np.float32))
-        mcmc = MCMC(getattr(bnp, name)(make_model(slots[name])), num_warmup=0, num_samples=iters, progress_bar=True,
+        X, y = _poisson_counts(n)
+        mcmc = MCMC(getattr(bnp, name)(_poisson_plate_model(slots[name])), num_warmup=0, num_samples=iters, progress_bar=True,
                     jit_model_args=True)
 
         def go(seed):

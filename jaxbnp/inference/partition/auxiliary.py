@@ -58,13 +58,13 @@ from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 from ..base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
 from .clusters import canonical_labels, raise_capacity_error_if, slot_order
 from .kernels import fill_partition_site
-from .launch import LAUNCH_PRECISION_RANGE, launch_split_merge
-from .slot_params import (flat_layout, flatten_slots, slot_counts, slot_log_density,
-                          split_choice_log_ratio, to_front, uniform_choice, unflatten_slots)
+from .launch import launch_split_merge
+from .slot_params import (choose_slots, flat_layout, flatten_slots, slot_counts, slot_log_density,
+                          split_choice_log_ratio, to_front, unflatten_slots)
 
 __all__ = ["AuxiliaryGibbs", "AuxiliaryGibbsState", "ClusterModelSpec", "AuxiliaryState", "AuxiliaryInfo",
            "ClusterModel", "find_cluster_spec", "depends_on_partition", "algorithm", "label_sweep", "slot_counts", "split_merge",
-           "launch_split_merge", "LAUNCH_PRECISION_RANGE", "SPLIT_MERGE_PROPOSALS", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots",
+           "launch_split_merge", "SPLIT_MERGE_PROPOSALS", "split_choice_log_ratio", "empty_slot_log_weight", "slice_slots",
            "refresh_empty_slots", "update_slot_params", "renumber_slots"]
 
 
@@ -312,10 +312,7 @@ def split_merge(key, labels, log_lik, measure, capacity: int, log_prior: Callabl
     counts = slot_counts(labels, capacity)
     occupied = counts > 0
     k = jnp.sum(occupied)
-    split = jax.random.uniform(k_type) < 0.5
-    a = uniform_choice(k_a, occupied)
-    empty = uniform_choice(k_b, ~occupied) if split_slot is None else split_slot(k_b, occupied)
-    b = jnp.where(split, empty, uniform_choice(k_b, occupied & (jnp.arange(capacity) != a)))
+    split, a, b = choose_slots(k_type, k_a, k_b, occupied, split_slot)
     la, lb = log_lik[:, a], log_lik[:, b]
     norm = jnp.logaddexp(la, lb)
     log_qa, log_qb = la - norm, lb - norm

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .slot_params import (flat_layout, flatten_slots, slot_counts, slot_log_density, split_choice_log_ratio,
-                          uniform_choice, unflatten_slots)
+from .slot_params import (choose_slots, flat_layout, flatten_slots, slot_counts, slot_log_density,
+                          split_choice_log_ratio, unflatten_slots)
 
 __all__ = ["launch_split_merge", "LAUNCH_PRECISION_RANGE", "LAUNCH_MAX_STEP"]
 
@@ -93,10 +93,7 @@ def launch_split_merge(m, key, labels, params, measure, num_launch_steps: int = 
     counts = slot_counts(labels, capacity)
     occupied = counts > 0
     k = jnp.sum(occupied)
-    split = jax.random.uniform(k_type) < 0.5
-    a = uniform_choice(k_a, occupied)
-    b = jnp.where(split, uniform_choice(k_b, ~occupied),
-                  uniform_choice(k_b, occupied & (jnp.arange(capacity) != a)))
+    split, a, b = choose_slots(k_type, k_a, k_b, occupied)
     in_s = (labels == a) | (labels == b)
     x = flatten_slots(layout, spec, params)
     tr = m.trace(labels, fixed, key=k_prior)

@@ -16,7 +16,7 @@ import numpy as np
 from numpyro.distributions.transforms import biject_to
 
 __all__ = ["FlatLayout", "flat_layout", "flatten_slots", "unflatten_slots", "slot_log_density",
-           "slot_counts", "uniform_choice", "split_choice_log_ratio", "to_front", "from_front"]
+           "slot_counts", "uniform_choice", "choose_slots", "split_choice_log_ratio", "to_front", "from_front"]
 
 
 def to_front(x, axis):
@@ -96,6 +96,17 @@ def slot_counts(labels, capacity: int) -> jax.Array:
 def uniform_choice(key, mask):
     """A uniformly chosen index among ``mask``'s true entries (any index if none)."""
     return jnp.argmax(jnp.where(mask, jax.random.gumbel(key, mask.shape), -jnp.inf))
+
+
+def choose_slots(k_type, k_a, k_b, occupied, split_slot: Callable | None = None):
+    """``(split, a, b)`` of a split or merge (probability 1/2 each): a split picks an occupied
+    slot ``a`` and an empty ``b`` (uniformly, or ``split_slot(k_b, occupied)``), a merge an
+    ordered pair of occupied slots, ``b`` into ``a`` (docs/mathematics.md §8)."""
+    split = jax.random.uniform(k_type) < 0.5
+    a = uniform_choice(k_a, occupied)
+    empty = uniform_choice(k_b, ~occupied) if split_slot is None else split_slot(k_b, occupied)
+    b = jnp.where(split, empty, uniform_choice(k_b, occupied & (jnp.arange(occupied.shape[0]) != a)))
+    return split, a, b
 
 
 def split_choice_log_ratio(k):
