@@ -214,3 +214,27 @@ def test_a_data_plate_around_the_likelihood():
 
     z = np.asarray(_run(bnp.AuxiliaryGibbs(plated), jax.random.key(0)).get_samples()["z"][-1])
     assert len(set(z[:20]) & set(z[20:])) == 0
+
+
+def test_slice_step_moves_only_the_active_rows_and_as_it_would_with_all():
+    """``slice_slots(active=...)``: the inactive rows keep their values, and each active row
+    lands where it lands when every row steps (the rows' draws do not depend on each other);
+    the power check: the same step with every row active moves the inactive rows."""
+    from jaxbnp.inference.partition.auxiliary import slice_slots
+
+    centres = jnp.array([[0.0, 0.0], [3.0, -1.0], [-2.0, 5.0], [1.0, 1.0]])
+    scales = jnp.array([0.3, 2.0, 8.0, 1.0])  # a wide row needs more stepping rounds
+
+    def log_density(x):
+        return -0.5 * jnp.sum(((x - centres) / scales[:, None]) ** 2, axis=1)
+
+    x0 = centres + 0.1
+    active = jnp.array([True, False, False, True])
+    key = jax.random.key(4)
+    every, lp_every = jax.jit(lambda k: slice_slots(k, log_density, x0, log_density(x0), 1.0))(key)
+    some, lp_some = jax.jit(lambda k: slice_slots(k, log_density, x0, log_density(x0), 1.0,
+                                                  active=active))(key)
+    np.testing.assert_array_equal(np.asarray(some)[~np.asarray(active)], np.asarray(x0)[~np.asarray(active)])
+    np.testing.assert_array_equal(np.asarray(some)[np.asarray(active)], np.asarray(every)[np.asarray(active)])
+    np.testing.assert_allclose(np.asarray(lp_some), np.asarray(log_density(some)), rtol=1e-12)
+    assert not np.allclose(np.asarray(every)[~np.asarray(active)], np.asarray(x0)[~np.asarray(active)])

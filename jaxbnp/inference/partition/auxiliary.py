@@ -24,7 +24,7 @@ One iteration of :func:`algorithm`'s ``step``:
 4. the slots are renumbered in order of first appearance, their parameters with them (when
    the kernel owns every parameter site; under ``numpyro.infer.Gibbs`` with the parameters in
    another block the labels are slot indices, so the plate may have at most ``n`` slots);
-5. the parameters of every slot take ``num_param_steps`` slice-sampling steps along a random
+5. the parameters of every occupied slot take ``num_param_steps`` slice-sampling steps along a random
    direction in the unconstrained space (all slots at once, each its own slice).
 
 A point that finds no empty slot (``K_{-i} = C``) would need a cluster the plate cannot hold:
@@ -339,13 +339,17 @@ def split_merge(key, labels, log_lik, measure, capacity: int, log_prior: Callabl
 
 
 def slice_slots(key, log_density: Callable, x0, lp0, width, max_steps_out: int = 8,
-                max_shrinks: int = 200):
+                max_shrinks: int = 200, active=None):
     """One slice-sampling step of every row of ``x0`` (``(C, D)``), each along its own random
     direction (hit and run; Neal 2003, stepping out with a random split of
     ``max_steps_out``, then shrinkage). ``log_density(x) -> (C,)`` must be separable: row
     ``k``'s density depends on row ``k`` only. ``lp0 = log_density(x0)``. All rows move in
-    lockstep: one call of ``log_density`` per stepping or shrinking round."""
+    lockstep: one call of ``log_density`` per stepping or shrinking round. ``active``
+    (``(C,)`` bool, default all): the rows that step; the others keep their value and hold
+    no round back (each row's draws do not depend on the others', so the active rows move
+    as they would with every row stepping)."""
     c, d = x0.shape
+    active = jnp.ones(c, bool) if active is None else jnp.asarray(active, bool)
     k_dir, k_level, k_pos, k_split, k_shrink = jax.random.split(key, 5)
     u = jax.random.normal(k_dir, (c, d), x0.dtype)
     u = u / jnp.linalg.norm(u, axis=1, keepdims=True)
@@ -374,9 +378,9 @@ def slice_slots(key, log_density: Callable, x0, lp0, width, max_steps_out: int =
         return body, cond
 
     body, cond = step_out(-1.0)
-    left, _, _ = lax.while_loop(cond, body, (left, j, (j > 0) & (at(left) > log_y)))
+    left, _, _ = lax.while_loop(cond, body, (left, j, active & (j > 0) & (at(left) > log_y)))
     body, cond = step_out(1.0)
-    right, _, _ = lax.while_loop(cond, body, (right, k, (k > 0) & (at(right) > log_y)))
+    right, _, _ = lax.while_loop(cond, body, (right, k, active & (k > 0) & (at(right) > log_y)))
 
     def shrink_cond(carry):
         _, _, _, _, done, i, _ = carry
@@ -393,7 +397,7 @@ def slice_slots(key, log_density: Callable, x0, lp0, width, max_steps_out: int =
         return (left, right, jnp.where(accept, t_new, t), jnp.where(accept, lp_new, lp),
                 done | accept, i + 1, key)
 
-    init = (left, right, jnp.zeros(c, x0.dtype), lp0, jnp.zeros(c, bool), jnp.int32(0), k_shrink)
+    init = (left, right, jnp.zeros(c, x0.dtype), lp0, ~active, jnp.int32(0), k_shrink)
     _, _, t, lp, _, _, _ = lax.while_loop(shrink_cond, shrink_body, init)
     return x0 + t[:, None] * u, lp
 
@@ -416,9 +420,12 @@ def refresh_empty_slots(m: "ClusterModel", key, labels, params) -> dict:
 
 
 def update_slot_params(m: "ClusterModel", key, labels, params, num_steps: int, step_size: float) -> dict:
-    """``num_steps`` slice-sampling steps (:func:`slice_slots`) of every slot's owned
+    """``num_steps`` slice-sampling steps (:func:`slice_slots`) of every occupied slot's owned
     parameters given the labels, all slots at once, in the unconstrained coordinates: slot
-    ``k`` targets ``p(theta_k) prod_{i: z_i = k} f(x_i | theta_k)``."""
+    ``k`` targets ``p(theta_k) prod_{i: z_i = k} f(x_i | theta_k)``. Empty slots keep their
+    values: the iteration's first step drew them from their prior, which is their
+    conditional given the labels, so another move of them would leave the same law (and
+    cost stepping rounds that every slot waits for)."""
     spec = m.spec
     if not spec.owned_params:
         return params
@@ -426,8 +433,9 @@ def update_slot_params(m: "ClusterModel", key, labels, params, num_steps: int, s
     fixed = {k: v for k, v in params.items() if k not in spec.owned_params}
     x, log_density = flatten_slots(layout, spec, params), slot_log_density(m, layout, fixed, labels)
     lp = log_density(x)
+    occupied = slot_counts(labels, spec.capacity) > 0
     for k in jax.random.split(key, num_steps):
-        x, lp = slice_slots(k, log_density, x, lp, step_size)
+        x, lp = slice_slots(k, log_density, x, lp, step_size, active=occupied)
     return {**params, **unflatten_slots(layout, spec, x)[0]}
 
 

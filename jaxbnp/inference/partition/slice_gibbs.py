@@ -21,7 +21,7 @@ state); the weight of position ``p`` is ``w_p = v_p prod_{q<p} (1 - v_q)`` with
    ``(n, C)`` computation with no sequential part;
 5. the slots are renumbered in order of first appearance, their parameters and positions with
    them (when the kernel owns every parameter site);
-6. every slot's parameters take slice-sampling steps, as in ``AuxiliaryGibbs``.
+6. every occupied slot's parameters take slice-sampling steps, as in ``AuxiliaryGibbs``.
 
 The sticks beyond the plate carry weight ``R = prod_{p<C} (1 - v_p)``; a point could join one of
 them only if ``R > u_i``. So the plate holds the exact conditional when ``R <= min_i u_i``,
