@@ -24,8 +24,8 @@ One iteration of :func:`algorithm`'s ``step``:
 4. the slots are renumbered in order of first appearance, their parameters with them (when
    the kernel owns every parameter site; under ``numpyro.infer.Gibbs`` with the parameters in
    another block the labels are slot indices, so the plate may have at most ``n`` slots);
-5. the parameters of every occupied slot take ``num_param_steps`` slice-sampling steps along a random
-   direction in the unconstrained space (all slots at once, each its own slice).
+5. the parameters of every occupied slot take ``num_param_steps`` slice-sampling steps along a
+   random direction in the unconstrained space (all slots at once, each its own slice).
 
 A point that finds no empty slot (``K_{-i} = C``) would need a cluster the plate cannot hold:
 the state records ``overflow`` and the kernel raises ``CapacityError`` (a larger plate is the
