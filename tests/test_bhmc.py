@@ -50,16 +50,17 @@ def test_recovers_simulated_tree():
     The top level is not asserted: in these data the two leaves under one first-level node
     share no component, so nothing in the data says they belong together (BHMC sees the
     data only through the component labels; ``benchmarks/bhmc_model.py`` simulates data
-    whose levels are identifiable)."""
+    whose levels are identifiable). 50 + 25 iterations per fit: keys 0-5 gave ARI 1.0 and
+    leaf purity 0.925-0.975 there, as with 100 + 50 (0.925-0.95)."""
     X, paths, c, dominant = simulated_tree_data()
     assert len(set(dominant)) == 4  # precondition: the leaves differ in their main component
     scores = []
     for key in range(3):
         fit = bhmc.fit_bhmc(X, key=jax.random.key(key), depth=2, alpha=1.0, gamma0=3.0, gamma=0.3,
                             Sigma=0.05 * np.eye(2), Sigma0=16.0 * np.eye(2), mu0=np.zeros(2),
-                            num_warmup=100, num_samples=50, num_chains=1, compiler_options=FAST)
+                            num_warmup=50, num_samples=25, num_chains=1, compiler_options=FAST)
         assert fit.paths.shape == (40, 2) and fit.labels_per_level.shape == (2, 40)
-        assert fit.log_lik.shape == (1, 50) and np.all(np.isfinite(fit.log_lik))
+        assert fit.log_lik.shape == (1, 25) and np.all(np.isfinite(fit.log_lik))
         summary = np.stack(fit.summary_labels_per_level, axis=1)  # the posterior summary per level
         scores.append((metrics.ari(c, fit.components), metrics.level_scores(paths, summary, 2)["purity"]))
     ari_c, leaf_purity = np.mean(scores, axis=0)
