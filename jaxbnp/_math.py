@@ -31,8 +31,14 @@ def _numpy_multigammaln(a, d: int):
     return 0.25 * d * (d - 1) * _LOG_PI + np.sum(terms, axis=-1)
 
 
-#: up to this dimension ``logdet_pd`` runs an unrolled Cholesky in plain array ops
-UNROLLED_CHOLESKY_MAX_DIM = 8
+#: up to this dimension the Cholesky factor, ``logdet_pd`` and the triangular solves are written
+#: out in plain array ops; above it they are loops over the columns. Each written-out copy is
+#: some ``d^2 / 2`` kernels that XLA:CPU compiles one by one, and a program holds a copy per
+#: call site: at ``d = 4..8`` the first ``MAPDP()`` fit of 10^5 points (2-core CPU, XLA's
+#: defaults) took 12.3-14.0 s with the loops against 14.4-27.6 s written out, the collapsed
+#: Gibbs and sub-cluster fits 0.59-0.99 of their time, and later fits of the same shape
+#: 0.63-1.08 of theirs (0.96-1.07 between two runs of one setting; benchmarks/cholesky_dims.py)
+UNROLLED_CHOLESKY_MAX_DIM = 3
 
 
 def _unrolled_cholesky(a):
@@ -59,7 +65,7 @@ def _unrolled_cholesky(a):
 
 
 def cholesky_pivots(a):
-    """Squared diagonal of the Cholesky factor of ``a`` (batched, ``d ≤ 8``), unrolled.
+    """Squared diagonal of the Cholesky factor of ``a`` (batched, small ``d``), unrolled.
 
     The Cholesky-Banachiewicz recursion written out in elementwise array ops
     (:func:`_unrolled_cholesky`): for the small matrices of a conjugate family, one LAPACK
@@ -152,7 +158,8 @@ def cho_solve(chol, b):
 def _jax_logdet_pd(a):
     """``log det`` of symmetric positive-definite matrices (batched) by Cholesky (NaN if not PD).
 
-    ``d ≤ 8``: the unrolled recursion of :func:`cholesky_pivots`; larger: :func:`cholesky`'s loop.
+    ``d ≤ UNROLLED_CHOLESKY_MAX_DIM``: the unrolled recursion of :func:`cholesky_pivots`; larger:
+    :func:`cholesky`'s loop.
     """
     if a.shape[-1] <= UNROLLED_CHOLESKY_MAX_DIM:
         pivots = cholesky_pivots(a)

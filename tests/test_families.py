@@ -664,7 +664,7 @@ def test_logdet_pd_matches_numpy_slogdet_and_flags_non_positive_definite(d):
 
 @pytest.mark.parametrize("d", [3, 9, 30])
 def test_cholesky_and_triangular_solves_without_lapack_match_numpy(d):
-    """``jaxbnp._math``'s Cholesky and triangular solves (written out for d <= 8, loops above:
+    """``jaxbnp._math``'s Cholesky and triangular solves (written out for d <= 3, loops above:
     no LAPACK call, which can deadlock XLA's CPU pool) agree with NumPy; a matrix that is not
     positive definite gives an all-NaN factor, as LAPACK's does; the compiled program holds no
     custom call."""
