@@ -89,12 +89,15 @@ def swap_log_ratio(n_p, n_q, later, p, alpha, d):
     """``log`` of the allocation's probability (sticks integrated out) after the clusters at
     positions ``p`` and ``q = p + 1`` trade places, over before: only the two positions'
     factors ``B(1 - d + n, alpha + (p + 1) d + m) / B(1 - d, alpha + (p + 1) d)`` change
-    (``later``: the points beyond ``q``; docs/mathematics.md §9)."""
+    (``later``: the points beyond ``q``; docs/mathematics.md §9). Written out, eight of the
+    twelve log-Gamma terms of the four Beta functions cancel:
+    ``lgamma(b_p + n_p + m) - lgamma(a + b_q + n_p + m) - lgamma(b_p + n_q + m)
+    + lgamma(a + b_q + n_q + m)`` with ``a = 1 - d``, ``b_p = alpha + (p + 1) d``,
+    ``b_q = b_p + d``, ``m = later``."""
     a = 1.0 - d
     b_p, b_q = alpha + (p + 1) * d, alpha + (p + 2) * d
-    after = _log_beta(a + n_q, b_p + n_p + later) + _log_beta(a + n_p, b_q + later)
-    before = _log_beta(a + n_p, b_p + n_q + later) + _log_beta(a + n_q, b_q + later)
-    return after - before
+    return (gammaln(b_p + n_p + later) - gammaln(a + b_q + n_p + later)
+            - gammaln(b_p + n_q + later) + gammaln(a + b_q + n_q + later))
 
 
 def swap_positions(key, counts, slot_at, alpha, d, dtype):
