@@ -8,8 +8,8 @@ settings, and in every user's first fit. This compiles it with ``MAPDP()``'s own
 full-covariance prior on standardised data) and with each phase left out, so that each
 phase's share of the compile time shows: ``jax.jit(...).lower(...).compile()``, 20 points in
 2-D padded to the fit's size class, float32, XLA's default flags, the best of ``--repeats``
-rounds (the settings in a new order each round, ``jax.clear_caches()`` between them), and the
-optimised HLO's lines and ``fusion`` mentions beside the seconds.
+rounds (the settings in a new order each round; ``harness.compile_stats``), and the optimised
+HLO's lines, fusions and ``while`` loops beside the seconds.
 
 Results: ``benchmarks/results/compile_mapdp_parts.md`` and ``.json``.
 
@@ -21,12 +21,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import RESULTS, machine_info, utc_now, write_json, write_lines
+from harness import RESULTS, compile_stats, machine_info, utc_now, write_json, write_lines
 
 import jaxbnp as bnp
 from jaxbnp.inference.partition import mapdp as M
@@ -41,7 +40,8 @@ SETTINGS = {
 }
 
 
-def _lowered(name: str):
+def _case(name: str):
+    """``(f, args)``: ``mapdp.fit`` with ``name``'s switches and ``MAPDP()``'s other settings."""
     rng = np.random.default_rng(0)
     X = np.concatenate([rng.normal(-2.0, 0.5, (10, 2)), rng.normal(2.0, 0.5, (10, 2))]).astype(np.float32)
     X = (X - X.mean(0)) / X.std(0)
@@ -50,9 +50,12 @@ def _lowered(name: str):
     capacity = min(rows, 64)
     kw = dict(SETTINGS[name])
     kw["init_clusters"] = min(kw["init_clusters"], capacity)
-    return M.fit.lower(jax.random.key(0), jnp.asarray(M.pad_rows(X, rows)), bnp.DP(1.0), family, capacity,
-                       mode="batched", n_restarts=1, max_iter=1000, block_size=4096,
-                       num_points=X.shape[0], **kw)
+
+    def f(key, Xj, measure, family):
+        return M.fit(key, Xj, measure, family, capacity, mode="batched", n_restarts=1, max_iter=1000,
+                     block_size=4096, num_points=X.shape[0], **kw)
+
+    return f, (jax.random.key(0), jnp.asarray(M.pad_rows(X, rows)), bnp.DP(1.0), family)
 
 
 def main() -> None:
@@ -61,18 +64,12 @@ def main() -> None:
     args = p.parse_args()
     names = list(SETTINGS)
     best: dict[str, dict] = {}
-    for r in range(args.repeats):
+    for r in range(args.repeats):  # the settings in a new order each round
         for name in (names if r % 2 == 0 else names[::-1]):
-            jax.clear_caches()
-            low = _lowered(name)
-            t = time.perf_counter()
-            compiled = low.compile()
-            seconds = time.perf_counter() - t
-            hlo = compiled.as_text()
-            row = dict(setting=name, compile_s=round(seconds, 2), hlo_lines=len(hlo.splitlines()),
-                       fusion_mentions=hlo.count("fusion"))
+            f, f_args = _case(name)
+            row = dict(setting=name, **compile_stats(f, *f_args))
             print(row, flush=True)
-            if name not in best or seconds < best[name]["compile_s"]:
+            if name not in best or row["seconds"] < best[name]["seconds"]:
                 best[name] = row
     rows = [best[n] for n in names]
     info = machine_info()
@@ -80,9 +77,10 @@ def main() -> None:
     lines = ["# Where MAP-DP's fit program's compilation goes (compile_mapdp_parts)", "",
              f"`python benchmarks/compile_mapdp_parts.py --repeats {args.repeats}` (module docstring). "
              f"Machine: {info.get('cpu_model')} ({info.get('cpu_count')} CPUs), JAX {jax.__version__}; "
-             f"{utc_now()[:10]}. Load average at the start: {info.get('load_average')}.", "",
-             "| setting | compile s (best) | optimised HLO lines | `fusion` mentions |", "|---|---|---|---|"]
-    lines += [f"| {r['setting']} | {r['compile_s']:.2f} | {r['hlo_lines']} | {r['fusion_mentions']} |" for r in rows]
+             f"{utc_now()[:10]}. Load average at the end: {info.get('load_average')}.", "",
+             "| setting | compile s (best) | optimised HLO lines | fusions | `while` loops |", "|---|---|---|---|---|"]
+    lines += [f"| {r['setting']} | {r['seconds']:.2f} | {r['hlo_lines']} | {r['fusions']} | {r['whiles']} |"
+              for r in rows]
     write_lines(RESULTS / "compile_mapdp_parts.md", lines)
 
 

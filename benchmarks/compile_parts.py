@@ -21,12 +21,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import time
 import types
 
 import jax
 import jax.numpy as jnp
-from harness import RESULTS, machine_info, write_json, write_lines
+from harness import RESULTS, compile_stats, machine_info, write_json, write_lines
 from jax import lax
 
 import jaxbnp as bnp
@@ -34,20 +33,6 @@ import jaxbnp._random as R
 from jaxbnp.inference.partition import subcluster as S
 
 C, T = 64, 3
-
-
-def _compile(f, *args, repeats: int) -> dict:
-    best = None
-    for _ in range(repeats):
-        jax.clear_caches()
-        lowered = jax.jit(f).lower(*args)
-        t = time.perf_counter()
-        compiled = lowered.compile()
-        seconds = time.perf_counter() - t
-        best = seconds if best is None else min(best, seconds)
-    text = compiled.as_text()
-    return {"seconds": round(best, 2), "hlo_lines": len(text.splitlines()),
-            "fusions": text.count("fusion("), "whiles": text.count(" while(")}
 
 
 def parts(repeats: int) -> dict:
@@ -80,7 +65,7 @@ def parts(repeats: int) -> dict:
     }
     out = {}
     for name, (f, args) in cases.items():
-        out[name] = _compile(f, *args, repeats=repeats)
+        out[name] = compile_stats(f, *args, repeats=repeats)
         print(name, out[name], flush=True)
     # the same, without the rejection redraw loop (a measure of its share; wrong draws)
     real = R.lax
@@ -89,7 +74,7 @@ def parts(repeats: int) -> dict:
     try:
         for name in ("the iteration (subcluster.step)", "Dirichlet weights of every slot"):
             f, args = cases[name]
-            out[name + ", no-redraw"] = _compile(lambda *a, f=f: f(*a), *args, repeats=repeats)
+            out[name + ", no-redraw"] = compile_stats(lambda *a, f=f: f(*a), *args, repeats=repeats)
             print(name + ", no-redraw", out[name + ", no-redraw"], flush=True)
     finally:
         R.lax = real

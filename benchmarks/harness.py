@@ -27,7 +27,7 @@ if str(REPO_ROOT) not in sys.path:
 
 __all__ = [
     "REPO_ROOT", "RESULTS", "utc_now", "load_average", "git_state", "machine_info", "cpu_seconds",
-    "other_cpu_seconds", "summarize", "write_json", "write_lines", "fit_bgm",
+    "other_cpu_seconds", "summarize", "write_json", "write_lines", "fit_bgm", "compile_stats",
 ]
 
 
@@ -148,6 +148,25 @@ def write_json(path: Path, res: Any, indent: int = 1) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=indent, default=float) + "\n")
+
+
+def compile_stats(f, *args, repeats: int = 1) -> dict:
+    """XLA's compilation of ``jax.jit(f)`` on ``args`` alone (traced and lowered first, JAX's
+    caches cleared before each of ``repeats`` rounds): the best seconds, and the optimised HLO's
+    lines, fusions and ``while`` loops."""
+    import jax  # here: importing the harness imports no JAX (module docstring)
+
+    best = None
+    for _ in range(repeats):
+        jax.clear_caches()
+        lowered = jax.jit(f).lower(*args)
+        t = time.perf_counter()
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - t
+        best = seconds if best is None else min(best, seconds)
+    text = compiled.as_text()
+    return {"seconds": round(best, 2), "hlo_lines": len(text.splitlines()),
+            "fusions": text.count("fusion("), "whiles": text.count(" while(")}
 
 
 def write_lines(path: Path, lines: Iterable[str]) -> None:
