@@ -141,7 +141,10 @@ def test_student_t_vector_mean_matches_enumeration():
     log_m = sum(_subset_log_marginals(stats.t.logpdf(X[:, d][:, None], 3.0, grid[None], 1.0),
                                       stats.norm.logpdf(grid, 0.0, 2.0), log_cell) for d in range(2))
     parts, probs = _exact(X, bnp.DP(1.0), log_m)
-    tv = _mcmc_tv(_student_model, X, parts, probs, 4000)
+    # 8 x 2,000 draws (4,000 before issue #37): TV 0.015 (0.009 at 4,000, the same chains'
+    # prefix); a chain on DP(3) against this DP(1) posterior, as many draws, lands at 0.35
+    # (measured by hand), as the Poisson power checks above do at 2,000 draws per chain
+    tv = _mcmc_tv(_student_model, X, parts, probs, 2000)
     assert tv < TV_TOLERANCE, tv
 
 

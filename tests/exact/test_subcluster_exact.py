@@ -17,7 +17,8 @@ Three levels of checks:
    correlated draws, measured over 3-8 seeds or disjoint blocks (i.i.d. draws
    from the exact law, as many, in brackets): DP 8 x 5,000 draws 0.018-0.022
    (0.013); PitmanYor 8 x 8,000 0.014-0.02 (0.010); NormalWishart 8 x 2,000
-   0.008-0.013 (0.009); DirichletMultinomial 8 x 3,000 0.009-0.017 (0.010);
+   0.008-0.013 (0.009), and 8 x 1,000 (issue #37) 0.015, where a chain on DP(3) against DP(1)'s
+   posterior lands at 0.24 (measured by hand); DirichletMultinomial 8 x 3,000 0.009-0.017 (0.010);
    BetaBernoulli 8 x 2,500 0.013-0.018 (0.010). About 15-30 s each.
 2. **One iteration leaves the posterior invariant**: 20,000 independent chains
    started from exact posterior draws of 5 points (each partition's clusters put
@@ -104,7 +105,7 @@ def test_normal_gamma_matches_enumeration(measure, scale, num_samples):
 @pytest.mark.parametrize(
     "family, make_data, num_samples, kernel_kwargs",
     [
-        (NW, lambda n: _gaussian_data(n, dim=2, seed=5), 2000, {}),
+        (NW, lambda n: _gaussian_data(n, dim=2, seed=5), 1000, {}),  # 2,000 before issue #37
         (bnp.DirichletMultinomial(beta=np.ones(3)), _counts_data, 3000, {}),
         (bnp.BetaBernoulli(1.0, 1.0), _binary_data, 2500, {"num_launch_sweeps": 0}),
     ],
