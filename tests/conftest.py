@@ -5,8 +5,12 @@ Both settings must happen before JAX initialises its backend, hence here. XLA's
 backend optimisation level 0 and no CPU fusion emitters (``TEST_XLA_FLAGS``, also
 given to the tests' subprocesses) cut the suite's CPU time by about half: the suite
 is dominated by compiling many small programs that each run briefly (measured on
-tests/test_kernel.py: 109 -> 57 CPU-s). Speed is measured in benchmarks/, with
-XLA's defaults.
+tests/test_kernel.py: 109 -> 57 CPU-s). XLA:CPU's loop kernels
+(``xla_cpu_small_while_loop_byte_threshold``, what ``jaxbnp.set_cpu_loop_kernels`` sets)
+compile each small ``while`` loop whole: the exact tests' chains, whose iterations are loops
+of tiny operations, run faster (the slice, auxiliary and sub-cluster enumeration files, one
+core each, side by side: 601 -> 536 s; ``test_keys.py`` and ``test_mapdp.py``: 490 -> 472 s).
+Speed is measured in benchmarks/, with XLA's defaults.
 The library's own default dtype is JAX's default (float32); the main job's
 subprocess test runs in float32. The persistent compilation cache is off
 (``JAXBNP_COMPILATION_CACHE=0``) except in the tests of the cache itself.
@@ -24,7 +28,8 @@ import gc
 import os
 
 
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
+                  "--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=67108864")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4 " + TEST_XLA_FLAGS)
 # the CLI and the estimators turn on JAX's persistent compilation cache in ~/.cache by
 # default: not in the suite (and its subprocesses), except where a test asks for it
