@@ -63,6 +63,7 @@ import numpy as np
 import numpyro.distributions as dist
 from jax import lax
 from numpyro.distributions import constraints
+from numpyro.primitives import _PYRO_STACK, apply_stack
 
 from .._loops import DROP, chain_while
 from .._math import LOG_2PI
@@ -76,7 +77,7 @@ __all__ = [
     "Messages", "tree_messages", "messages_log_likelihood", "refresh_messages",
     "divergence_covariance", "sample_attachment", "descend", "log_attachment_density",
     "attach", "detach", "sample_tree", "sample_leaves",
-    "cut_tree", "to_linkage", "from_linkage",
+    "cut_tree", "CUT_MESSAGE", "to_linkage", "from_linkage",
 ]
 
 
@@ -729,8 +730,20 @@ def cut_tree(tree: Tree, t_stop: Any = None, *, num_clusters: int | None = None)
         k = int(num_clusters)
         if not 1 <= k <= n:
             raise ValueError(f"num_clusters must be in 1..{n}, got {num_clusters}.")
-        return _cut_tree(tree, jnp.zeros((), tree.time.dtype), k)
-    return _cut_tree(tree, t_stop, 0)
+        labels = _cut_tree(tree, jnp.zeros((), tree.time.dtype), k)
+    else:
+        labels = _cut_tree(tree, t_stop, 0)
+    if _PYRO_STACK:  # inside a NumPyro model: tell the tree samplers what was cut (CUT_MESSAGE)
+        apply_stack({"type": CUT_MESSAGE, "name": f"{CUT_MESSAGE}:{id(labels)}", "fn": lambda: labels,
+                     "args": (), "kwargs": {}, "value": labels, "tree": tree, "t_stop": t_stop,
+                     "num_clusters": num_clusters})
+    return labels
+
+
+#: type of the message :func:`cut_tree` sends inside a NumPyro model: the trace keeps the tree,
+#: ``t_stop`` and the labels, so that :class:`~jaxbnp.inference.trees.mcmc.DiffusionTreeMCMC`
+#: can read the cut model ``ConjugateMixture(family, cut_tree(tree, t_stop))``
+CUT_MESSAGE = "jaxbnp_cut_tree"
 
 
 @jax.jit

@@ -75,20 +75,16 @@ from ..._cache import auto_enable
 from ..._programs import call_cached
 from ..._random import typed_key
 from ..._validation import check_data
+from ...models.distributions import ConjugateMixture
 from ...models.ddt import (
+    CUT_MESSAGE,
     BrownianLeaves,
     DiffusionTree,
     Messages,
     Tree,
-    ancestor_mask,
-    attach,
     bottom_up_order,
     check_tree,
     comb_tree,
-    descend,
-    detach,
-    harmonic_numbers,
-    log_attachment_density,
     log_joint_terms_and_sizes,
     log_likelihood,
     messages_log_likelihood,
@@ -96,12 +92,15 @@ from ...models.ddt import (
     refresh_messages,
     root_of,
     sample_tree,
-    structure_log_prior,
     structure_log_prior_from,
     tree_messages,
 )
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 from ..base import SamplingAlgorithm, run_chains
+from .moves import (
+    SLICE_UNIFORMS, DDTInfo, num_tree_uniforms, select_state, slice_log, subtree_log_q_ratio,
+    subtree_move, time_proposal, update_c,
+)
 
 __all__ = [
     "Hyperpriors", "DDTState", "DDTInfo", "init", "step", "algorithm",
@@ -135,13 +134,6 @@ class DDTState(NamedTuple):
     sizes: jax.Array
 
 
-class DDTInfo(NamedTuple):
-    """Acceptance counts of one :func:`step`."""
-
-    subtree_accepted: jax.Array
-    subtree_proposed: jax.Array
-    time_accepted: jax.Array
-    time_proposed: jax.Array
 
 
 def init(tree: Tree, X: Any, c: Any, sigma: Any, noise: Any = 0.0) -> DDTState:
@@ -153,14 +145,9 @@ def init(tree: Tree, X: Any, c: Any, sigma: Any, noise: Any = 0.0) -> DDTState:
     return DDTState(tree, c, sigma, noise, lp, ll, sizes)
 
 
-def select_state(pred, new, old):
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
 
 
 # ----------------------------------------------------------------------------- proposals
-def subtree_log_q_ratio(log_q_back, log_q_fwd):
-    """``log q(T | T') − log q(T' | T)`` of the subtree move (a function so tests can break it)."""
-    return log_q_back - log_q_fwd
 
 
 def subtree_proposal(unif: jax.Array, state: DDTState):
@@ -174,53 +161,15 @@ def subtree_proposal(unif: jax.Array, state: DDTState):
     return _subtree_proposal(unif[n, 0], unif[:n], state)[:3]
 
 
-def _subtree_proposal(u_node: jax.Array, walk, state: DDTState, log_survival=None):
-    """:func:`subtree_proposal` with the node chosen by the uniform ``u_node`` and the new
-    path driven by ``walk`` (uniforms or a key, as :func:`~jaxbnp.models.ddt.descend`),
-    then ``(sizes', root', starts)``: the new tree's subtree sizes and root, and the two
-    nodes from which :func:`~jaxbnp.models.ddt.refresh_messages` brings the messages up
-    to date (the detached node's old sibling's new parent and the new divergence node).
-    ``log_survival``: ``log1p(−time)`` per node when the caller keeps it (the proposal
-    densities then take no logarithm over the nodes; the same values)."""
-    tree, sizes, c = state.tree, state.sizes, state.c
-    n = num_leaves(tree)
-    root = root_of(tree)
-    r = jnp.minimum(jnp.floor(u_node * (2 * n - 2)).astype(jnp.int32), 2 * n - 3)
-    s = jnp.where(r < root, r, r + 1)  # uniform over the 2n-2 non-root nodes
-    t_old = tree.time[tree.parent[s]]
-    anc = ancestor_mask(tree.parent, s)  # includes the parent w that is freed
-    rest, root_rest, w, u = detach(tree, root, s)
-    sizes_rest = sizes - sizes[s] * anc.astype(jnp.int32)
-    anc_u = anc.at[w].set(False)  # u's ancestors in the rest are w's ancestors
-    u_new, t_new, path = descend(walk, rest, sizes_rest, root_rest, c)
-    log_q_back = log_attachment_density(rest, sizes_rest, root_rest, u, t_old, c, anc_u, log_survival)
-    log_q_fwd = log_attachment_density(rest, sizes_rest, root_rest, u_new, t_new, c, path, log_survival)
-    new_tree, new_root = attach(rest, root_rest, s, u_new, t_new, w)
-    # w and the new ancestors (the path down to u_new) hold s's leaves again
-    new_sizes = (sizes_rest + sizes[s] * path.astype(jnp.int32)).at[w].set(sizes_rest[u_new] + sizes[s])
-    starts = jnp.stack([new_tree.parent[u], w])
-    return (new_tree, subtree_log_q_ratio(log_q_back, log_q_fwd), t_new < tree.time[s],
-            new_sizes, new_root, starts)
 
 
-def _time_proposal(step: jax.Array, state: DDTState, j: jax.Array):
-    """Random walk of ``logit((t − lo)/(hi − lo))`` by ``step`` for internal node ``n+j``;
-    returns ``(tree', log Jacobian ratio, valid)``."""
-    tree = state.tree
-    n = num_leaves(tree)
-    v = n + j
-    p = tree.parent[v]
-    lo = jnp.where(p >= 0, tree.time[jnp.maximum(p, 0)], 0.0)
-    hi = jnp.minimum(tree.time[tree.children[j, 0]], tree.time[tree.children[j, 1]])
-    width = hi - lo
-    t = tree.time[v]
-    z_new = jnp.log(t - lo) - jnp.log(hi - t) + step
-    t_new = lo + width * jax.nn.sigmoid(z_new)
-    log_jac = (jax.nn.log_sigmoid(z_new) + jax.nn.log_sigmoid(-z_new)) - (
-        jnp.log(t - lo) + jnp.log(hi - t) - 2.0 * jnp.log(width)
-    )
-    new_tree = tree._replace(time=tree.time.at[v].set(t_new))
-    return new_tree, log_jac, (t_new > lo) & (t_new < hi)
+def _subtree_proposal(u_node: jax.Array, walk, state, log_survival=None):
+    """:func:`subtree_move`'s first six fields."""
+    return tuple(subtree_move(u_node, walk, state, log_survival)[:6])
+
+
+
+
 
 
 def _metropolis(state: DDTState, msg: Messages, log_surv, proposal: Tree, sizes, root, starts,
@@ -256,7 +205,7 @@ def _tree_moves(key, state: DDTState, X, num_subtree_moves: int, step_size):
     """
     n = num_leaves(state.tree)
     k_walk, k_unif = jax.random.split(key)
-    unif = jax.random.uniform(k_unif, (_num_tree_uniforms(n, num_subtree_moves),), state.tree.time.dtype)
+    unif = jax.random.uniform(k_unif, (num_tree_uniforms(n, num_subtree_moves),), state.tree.time.dtype)
     u_node = unif[:num_subtree_moves]
     u_time = unif[num_subtree_moves: num_subtree_moves + n - 1]
     steps = step_size * (jnp.log(u_time) - jnp.log1p(-u_time))
@@ -275,7 +224,7 @@ def _tree_moves(key, state: DDTState, X, num_subtree_moves: int, step_size):
 
     def time_move(j, carry):
         state, msg, surv, acc = carry
-        proposal, log_q, valid = _time_proposal(steps[j], state, j)
+        proposal, log_q, valid = time_proposal(steps[j], state, j)
         starts = jnp.stack([n + j, -1]).astype(jnp.int32)
         (state, msg, surv), ok = _metropolis(state, msg, surv, proposal, state.sizes, root_of(state.tree),
                                              starts, log_q, valid, log_u[num_subtree_moves + j], n + j)
@@ -290,93 +239,17 @@ def _tree_moves(key, state: DDTState, X, num_subtree_moves: int, step_size):
     return state, msg, acc_sub, acc_time
 
 
-def _num_tree_uniforms(n: int, num_subtree_moves: int) -> int:
-    """Uniforms of :func:`_tree_moves` besides the walks': a node and an acceptance test per
-    subtree move, an increment and an acceptance test per time move."""
-    return 2 * num_subtree_moves + 2 * (n - 1)
 
 
 # ------------------------------------------------------------------------- hyperparameters
-def _log_prior_positive(prior, x):
-    return jnp.where(prior.support(x), prior.log_prob(x), -jnp.inf)
 
 
-MAX_STEPS_OUT = 16
-MAX_SHRINKS = 64
-_SLICE_UNIFORMS = 3 + MAX_SHRINKS
 
 
-def _slice_log(unif, prior, x0, term0, log_term, width=1.0):
-    """Slice update of ``y = log x`` targeting ``p(x) exp(log_term(x)) x`` (Neal 2003, Fig. 3
-    stepping out with a random split of ``MAX_STEPS_OUT``, then shrinkage).
-
-    Written as one ``while_loop`` with a single call of ``log_term`` per
-    iteration (stepping out left, then right, then shrinking), so the compiled
-    program holds one copy of the density (the data term is a loop itself).
-    ``unif``: ``3 + MAX_SHRINKS`` uniforms. ``term0 = log_term(x0)`` is known
-    from the cached state; returns ``(x, log_term(x))``. If shrinkage has not
-    accepted after ``MAX_SHRINKS`` tries the chain stays at ``x0`` (never
-    seen: it needs a degenerate density).
-    """
-    dtype = x0.dtype
-    y0 = jnp.log(x0)
-    log_level = _log_prior_positive(prior, x0) + y0 + term0 + jnp.log(unif[0])
-    left = y0 - width * unif[1]
-    j = jnp.floor(MAX_STEPS_OUT * unif[2]).astype(jnp.int32)
-    shrink_unif = unif[3:]
-
-    def density(y):
-        x = jnp.exp(y)
-        term = log_term(x)
-        return _log_prior_positive(prior, x) + y + term, term
-
-    def cond(c):
-        return (~c[6]) & (c[7] < MAX_SHRINKS)
-
-    def body(c):
-        phase, left, right, j, k, y, done, i, term = c
-        phase = jnp.where((phase == 0) & (j <= 0), 1, phase)
-        phase = jnp.where((phase == 1) & (k <= 0), 2, phase)
-        cand = left + (right - left) * shrink_unif[jnp.minimum(i, MAX_SHRINKS - 1)]
-        point = jnp.where(phase == 0, left, jnp.where(phase == 1, right, cand))
-        f, t = density(point)
-        above = f > log_level
-        out_left = (phase == 0) & above
-        out_right = (phase == 1) & above
-        shrinking = phase == 2
-        accept = shrinking & above
-        left = jnp.where(out_left, left - width, jnp.where(shrinking & ~above & (cand < y0), cand, left))
-        right = jnp.where(out_right, right + width, jnp.where(shrinking & ~above & (cand >= y0), cand, right))
-        j = jnp.where(out_left, j - 1, j)
-        k = jnp.where(out_right, k - 1, k)
-        phase = jnp.where((phase == 0) & ~above, 1, jnp.where((phase == 1) & ~above, 2, phase))
-        return (phase, left, right, j, k, jnp.where(accept, cand, y), accept,
-                i + shrinking.astype(jnp.int32), jnp.where(accept, t, term))
-
-    init_c = (jnp.int32(0), left, left + width, j, MAX_STEPS_OUT - 1 - j, y0, jnp.array(False),
-              jnp.int32(0), jnp.asarray(term0, dtype))
-    _, _, _, _, _, y, _, _, term = lax.while_loop(cond, body, init_c)
-    return jnp.exp(y).astype(dtype), term
 
 
-def _c_statistic(tree: Tree, sizes: jax.Array) -> jax.Array:
-    """``S = Σ_v (ℓ(t_v) − ℓ(t_p(v))) H_{m_v−1}``, ``ℓ(t) = −log(1−t)``: the structure
-    term is ``(n−1) log c − c S + const``."""
-    n = num_leaves(tree)
-    t = tree.time[n:]
-    p = tree.parent[n:]
-    tp = jnp.where(p >= 0, tree.time[jnp.maximum(p, 0)], 0.0)
-    harm = harmonic_numbers(n, t.dtype)[jnp.clip(sizes[n:] - 1, 0, n - 1)]
-    return jnp.sum((jnp.log1p(-tp) - jnp.log1p(-t)) * harm)
 
 
-def _update_c(unif, state, prior):
-    tree, sizes = state.tree, state.sizes
-    n = num_leaves(tree)
-    stat = _c_statistic(tree, sizes)
-    rel = lambda v: (n - 1) * jnp.log(v) - v * stat  # noqa: E731
-    c, _ = _slice_log(unif, prior, state.c, rel(state.c), rel)
-    return state._replace(c=c, log_prior=structure_log_prior(tree, c, sizes))
 
 
 def _update_scale(unif, state, X, prior, name):
@@ -387,7 +260,7 @@ def _update_scale(unif, state, X, prior, name):
         scales = {"sigma": state.sigma, "noise": state.noise, name: v}
         return log_likelihood(state.tree, X, scales["sigma"], scales["noise"], order=order)
 
-    value, ll = _slice_log(unif, prior, getattr(state, name), state.log_likelihood, log_lik)
+    value, ll = slice_log(unif, prior, getattr(state, name), state.log_likelihood, log_lik)
     return state._replace(**{name: value, "log_likelihood": ll})
 
 
@@ -413,10 +286,10 @@ def step(
     if num < 0:
         raise ValueError(f"num_subtree_moves must be >= 0, got {num_subtree_moves}.")
     k_moves, k_slice = jax.random.split(key)
-    slices = jax.random.uniform(k_slice, (3, _SLICE_UNIFORMS), dtype)
+    slices = jax.random.uniform(k_slice, (3, SLICE_UNIFORMS), dtype)
     state, _, sub_acc, time_acc = _tree_moves(k_moves, state, X, num, time_step_size)
     if hyperpriors.c is not None:
-        state = _update_c(slices[0], state, hyperpriors.c)
+        state = update_c(slices[0], state, hyperpriors.c)
     if hyperpriors.sigma is not None:
         state = _update_scale(slices[1], state, X, hyperpriors.sigma, "sigma")
     if hyperpriors.noise is not None:
@@ -448,7 +321,9 @@ def algorithm(X, hyperpriors: Hyperpriors = Hyperpriors(), *, num_subtree_moves:
 
 # ------------------------------------------------------------------------- NumPyro kernel
 class ModelSpec(NamedTuple):
-    """What the kernel reads off one trace of the model."""
+    """What the kernel reads off one trace of the model. ``kind``: ``"brownian"`` (an observed
+    ``BrownianLeaves`` site) or ``"cut"`` (an observed ``ConjugateMixture`` of
+    ``cut_tree(tree, t_stop)``: the seed's cut model, :mod:`jaxbnp.inference.trees.cut`)."""
 
     tree_site: str
     data_site: str
@@ -456,11 +331,19 @@ class ModelSpec(NamedTuple):
     sigma_site: str | None
     noise_site: str | None
     num_points: int
+    kind: str = "brownian"
+    t_stop_site: str | None = None
 
     @property
     def owned_sites(self) -> tuple[str, ...]:
-        """The sites the kernel updates: the tree and ``c``, ``σ``, ``s`` when they are sites."""
-        return tuple(s for s in (self.tree_site, self.c_site, self.sigma_site, self.noise_site) if s)
+        """The sites the kernel updates: the tree and ``c``, ``σ``, ``s``, ``t_stop`` when they are sites."""
+        names = (self.tree_site, self.c_site, self.sigma_site, self.noise_site, self.t_stop_site)
+        return tuple(s for s in names if s)
+
+    @property
+    def hyper_sites(self) -> tuple[str, ...]:
+        """The hyperparameters' sites among :attr:`owned_sites`."""
+        return tuple(s for s in (self.c_site, self.sigma_site, self.noise_site, self.t_stop_site) if s)
 
 
 class _Reading(NamedTuple):
@@ -473,6 +356,9 @@ class _Reading(NamedTuple):
     X: jax.Array
     priors: Hyperpriors
     log_hyper: jax.Array
+    family: Any = None  # the cut model's conjugate family
+    t_stop: Any = None  # the cut model's stopping time
+    t_stop_prior: Any = None
 
 
 class DiffusionTreeMCMCState(NamedTuple):
@@ -495,7 +381,7 @@ class DiffusionTreeMCMCState(NamedTuple):
 
 def _fill_tree(site):
     """A placeholder tree for the DiffusionTree site before the kernel has one."""
-    if isinstance(site["fn"], DiffusionTree) and not site["is_observed"]:
+    if site["type"] == "sample" and isinstance(site["fn"], DiffusionTree) and not site["is_observed"]:
         return comb_tree(site["fn"].num_points)
     return None
 
@@ -523,12 +409,18 @@ def _find_spec(tr, kernel_name: str) -> ModelSpec:
             f"found {len(trees)} ({trees})."
         )
     datas = sample_sites(tr, BrownianLeaves, observed=True)
-    if len(datas) != 1:
+    mixtures = sample_sites(tr, ConjugateMixture, observed=True)
+    if len(datas) + len(mixtures) != 1:
         raise ValueError(
-            f"{kernel_name} needs exactly one observed BrownianLeaves site, e.g. "
-            "numpyro.sample('X', BrownianLeaves(tree, sigma, noise), obs=X); "
-            f"found {len(datas)}."
+            f"{kernel_name} needs exactly one observed data site: BrownianLeaves (Neal's diffusion "
+            "tree), e.g. numpyro.sample('X', BrownianLeaves(tree, sigma, noise), obs=X), or a "
+            "ConjugateMixture of the tree's cut (the seed's cut model), e.g. "
+            "z = numpyro.deterministic('z', bnp.cut_tree(tree, t_stop)); "
+            "numpyro.sample('X', bnp.ConjugateMixture(family, z), obs=X); "
+            f"found {len(datas)} BrownianLeaves and {len(mixtures)} ConjugateMixture sites."
         )
+    if mixtures:
+        return _find_cut_spec(tr, trees[0], mixtures[0], kernel_name)
     tree_site, data_site = tr[trees[0]], tr[datas[0]]
     if data_site["fn"].tree is not tree_site["value"]:
         raise ValueError(
@@ -548,16 +440,80 @@ def _find_spec(tr, kernel_name: str) -> ModelSpec:
                 _check_positive_prior(s["fn"], name, what)
                 found[key] = name
                 owned.add(name)
+    _check_others(tr, owned, kernel_name)
+    return ModelSpec(trees[0], datas[0], found["c"], found["sigma"], found["noise"], tree_site["fn"].num_points)
+
+
+def _check_others(tr, owned, kernel_name: str) -> None:
     others = [name for name in sample_sites(tr, observed=False) if name not in owned]
     if others:
         raise ValueError(
             f"The model has latent sites {others} that {kernel_name} does not update: it updates "
-            "the tree and c, sigma, noise when they are sample sites passed unchanged to "
-            "DiffusionTree / BrownianLeaves (priors on (0, inf)). Make the others constants or "
-            "observed. (Composing with NUTS through numpyro.infer.Gibbs is not possible: NumPyro's "
-            "model checks need array-valued sites, and a tree is a pytree.)"
+            "the tree and c, sigma, noise (Brownian model) or c, t_stop (cut model) when they are "
+            "sample sites passed unchanged to DiffusionTree / BrownianLeaves / cut_tree (priors on "
+            "(0, inf), t_stop's on (0, 1)). Make the others constants or observed. (Composing with "
+            "NUTS through numpyro.infer.Gibbs is not possible: NumPyro's model checks need "
+            "array-valued sites, and a tree is a pytree.)"
         )
-    return ModelSpec(trees[0], datas[0], found["c"], found["sigma"], found["noise"], tree_site["fn"].num_points)
+
+
+def _cut_message(tr, tree_site: str, mixture_site: str, kernel_name: str):
+    """The :func:`~jaxbnp.models.ddt.cut_tree` call whose labels the ConjugateMixture site takes."""
+    labels = tr[mixture_site]["fn"].labels
+    cuts = [s for s in tr.values() if s["type"] == CUT_MESSAGE and s["value"] is labels]
+    if len(cuts) != 1 or cuts[0]["tree"] is not tr[tree_site]["value"]:
+        raise ValueError(
+            f"{kernel_name}: the ConjugateMixture site '{mixture_site}' must take the labels "
+            f"bnp.cut_tree(tree, t_stop) of the DiffusionTree site '{tree_site}' unchanged (directly "
+            "or through numpyro.deterministic), e.g. z = numpyro.deterministic('z', "
+            "bnp.cut_tree(tree, t_stop)); numpyro.sample('X', bnp.ConjugateMixture(family, z), obs=X)."
+        )
+    if cuts[0]["num_clusters"] is not None:
+        raise ValueError(
+            f"{kernel_name}: the cut model cuts the tree at a stopping time: write "
+            "bnp.cut_tree(tree, t_stop), not num_clusters=K."
+        )
+    return cuts[0]
+
+
+def _check_unit_prior(fn, name: str) -> None:
+    if getattr(fn, "event_shape", ()) != () or getattr(fn, "batch_shape", ()) != ():
+        raise ValueError(f"The prior of t_stop (site '{name}') must be a scalar distribution.")
+    with jax.ensure_compile_time_eval():
+        outside = fn.support(jnp.asarray(-0.5)) | fn.support(jnp.asarray(1.5))
+    if isinstance(outside, jax.core.Tracer):
+        return
+    if bool(outside):
+        raise ValueError(
+            f"The prior of t_stop (site '{name}') must live on (0, 1), e.g. dist.Beta or "
+            f"dist.Uniform(0, 1); got {type(fn).__name__}."
+        )
+
+
+def _find_cut_spec(tr, tree_name: str, mixture_name: str, kernel_name: str) -> ModelSpec:
+    """The cut model: ``ConjugateMixture(family, cut_tree(tree, t_stop))`` observed."""
+    cut = _cut_message(tr, tree_name, mixture_name, kernel_name)
+    tree_site = tr[tree_name]
+    owned = {tree_name}
+    found = {}
+    for key, value, what in (("c", tree_site["fn"].c, "c (the divergence parameter)"),
+                             ("t_stop", cut["t_stop"], "t_stop (the stopping time)")):
+        found[key] = None
+        for name, s in tr.items():
+            if s["type"] == "sample" and not s["is_observed"] and s["value"] is value:
+                if key == "c":
+                    _check_positive_prior(s["fn"], name, what)
+                else:
+                    _check_unit_prior(s["fn"], name)
+                found[key] = name
+                owned.add(name)
+    if found["t_stop"] is None:
+        t = cut["t_stop"]
+        if not isinstance(t, jax.core.Tracer) and not (np.ndim(t) == 0 and 0.0 < float(t) < 1.0):
+            raise ValueError(f"{kernel_name}: t_stop must be a number in (0, 1) or a sample site, got {t!r}.")
+    _check_others(tr, owned, kernel_name)
+    return ModelSpec(tree_name, mixture_name, found["c"], None, None, tree_site["fn"].num_points,
+                     kind="cut", t_stop_site=found["t_stop"])
 
 
 class DiffusionTreeMCMC(DiscreteSiteKernel):
@@ -614,16 +570,32 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         tr = trace_model(self._model, z, model_args, model_kwargs)
         spec = self.find_spec(tr)
         tree_fn, data = tr[spec.tree_site]["fn"], tr[spec.data_site]
+        log_hyper = sum(
+            (jnp.sum(tr[s]["fn"].log_prob(tr[s]["value"])) for s in spec.hyper_sites), jnp.zeros(())
+        )
+        if spec.kind == "cut":
+            cut = _cut_message(tr, spec.tree_site, spec.data_site, self.owner)
+            return _Reading(spec, tree_fn.c, None, None, jnp.asarray(data["value"]),
+                            Hyperpriors(tr[spec.c_site]["fn"] if spec.c_site else None), log_hyper,
+                            data["fn"].family, cut["t_stop"],
+                            tr[spec.t_stop_site]["fn"] if spec.t_stop_site else None)
         hyper_sites = (spec.c_site, spec.sigma_site, spec.noise_site)
         priors = Hyperpriors(*(tr[s]["fn"] if s else None for s in hyper_sites))
-        log_hyper = sum(
-            (jnp.sum(tr[s]["fn"].log_prob(tr[s]["value"])) for s in hyper_sites if s), jnp.zeros(())
-        )
         return _Reading(spec, tree_fn.c, data["fn"].sigma, data["fn"].noise, jnp.asarray(data["value"]),
                         priors, log_hyper)
 
     def fill_site(self, site):
         return _fill_tree(site)
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        """The samples plus the model's ``numpyro.deterministic`` sites (the cut model's labels)."""
+        def post(z):
+            tr = trace_model(self._model, z, model_args, model_kwargs)
+            out = dict(z)
+            out.update({name: s["value"] for name, s in tr.items() if s["type"] == "deterministic"})
+            return out
+
+        return post
 
     def find_spec(self, model_trace) -> ModelSpec:
         return _find_spec(model_trace, self.owner)
@@ -657,9 +629,8 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         tr = trace_model(self._model, params, model_args, model_kwargs, key=k_trace)
         z = {spec.tree_site: jax.tree.map(jnp.asarray, tr[spec.tree_site]["value"])}
         dtype = z[spec.tree_site].time.dtype
-        for name in (spec.c_site, spec.sigma_site, spec.noise_site):
-            if name:
-                z[name] = jnp.asarray(tr[name]["value"], dtype)
+        for name in spec.hyper_sites:
+            z[name] = jnp.asarray(tr[name]["value"], dtype)
         state = self._state_from_z(z, jnp.zeros((), jnp.int32), key, model_args, model_kwargs)
         # a prior draw off the support (ties from rounding, see ddt.sample_tree) or with a
         # zero-probability data term: start from the caterpillar instead
@@ -669,7 +640,12 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
 
     def _state_from_z(self, z, accepted, key, model_args, model_kwargs):
         r = self._read(z, model_args, model_kwargs)
-        chain = init(z[r.spec.tree_site], r.X, r.c, r.sigma, r.noise)
+        if r.spec.kind == "cut":
+            from . import cut
+
+            chain = cut.init(z[r.spec.tree_site], r.X, r.family, r.c, r.t_stop)
+        else:
+            chain = init(z[r.spec.tree_site], r.X, r.c, r.sigma, r.noise)
         lj = chain.log_prior + chain.log_likelihood + r.log_hyper.astype(chain.log_prior.dtype)
         return DiffusionTreeMCMCState(z, chain, lj, accepted, key)
 
@@ -705,6 +681,19 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         spec = r.spec
         # the cached terms are current: values set by other kernels arrive through refresh
         dtype = chain.log_prior.dtype
+        if spec.kind == "cut":
+            from . import cut
+
+            chain = chain._replace(c=jnp.asarray(r.c, dtype), t_stop=jnp.asarray(r.t_stop, dtype))
+            core = cut.algorithm(r.X, r.family, cut.CutHyperpriors(r.priors.c, r.t_stop_prior),
+                                 num_subtree_moves=self._num_subtree_moves, time_step_size=self._time_step_size)
+            chain, info = core.step(key, chain)
+            z = dict(z)
+            z[spec.tree_site] = chain.tree
+            for name, value in ((spec.c_site, chain.c), (spec.t_stop_site, chain.t_stop)):
+                if name:
+                    z[name] = value
+            return z, chain, info
         chain = chain._replace(
             c=jnp.asarray(r.c, dtype), sigma=jnp.asarray(r.sigma, dtype), noise=jnp.asarray(r.noise, dtype)
         )

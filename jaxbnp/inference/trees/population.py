@@ -56,7 +56,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.scipy.special import logsumexp
 from numpyro.util import is_prng_key
 
 from ..._cache import auto_enable
@@ -64,67 +63,31 @@ from ..._math import LOG_2PI
 from ..._random import typed_key
 from ..._validation import check_int
 from ...models.ddt import (
-    Tree, attach, bottom_up_order, detach, log_joint_terms_and_sizes, num_leaves, root_of, sample_tree,
+    Tree, bottom_up_order, log_joint_terms_and_sizes, num_leaves, sample_tree,
 )
 from ..base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
 from . import mcmc
+from . import moves
 from .mcmc import DDTInfo, DDTState, DiffusionTreeMCMC, Hyperpriors, select_state
+from .moves import (
+    Detached, ExchangeInfo, PopulationInfo, check_subset_size, detach_leaves, insert_with, pair_exchanges,
+)
 
 __all__ = [
     "ExchangeInfo", "PopulationInfo", "Detached", "detach_leaves", "candidate_log_likelihoods",
-    "insert_leaves", "exchange", "exchange_step", "init", "step", "algorithm", "run_chains",
+    "insert_leaves", "insert_with", "exchange", "exchange_step", "pair_exchanges", "init", "step", "algorithm", "run_chains",
     "PopulationDDT",
     "PopulationDDTState",
 ]
 
 
 
-class ExchangeInfo(NamedTuple):
-    """Exchange outcomes: whether accepted and the log acceptance ratio (per pair from
-    :func:`exchange`, per chain from :func:`exchange_step`)."""
-
-    accepted: jax.Array
-    log_ratio: jax.Array
 
 
-class PopulationInfo(NamedTuple):
-    """One population step: per-chain within-chain counts and exchange outcomes ``(K,)``."""
-
-    within: DDTInfo
-    exchange_accepted: jax.Array
 
 
-class Detached(NamedTuple):
-    """A tree with some leaves detached (:func:`detach_leaves`)."""
-
-    tree: Tree
-    root: jax.Array
-    in_tree: jax.Array  # (2n-1,) nodes in the partial tree
-    times: jax.Array  # (k,) divergence times d_j, in generation order
-    freed: jax.Array  # (k,) node freed when leaf j was detached
-    siblings: jax.Array  # (k,) the branch (edge above this node) leaf j hung from
 
 
-def detach_leaves(tree: Tree, leaves: jax.Array) -> Detached:
-    """Detach ``leaves[k−1], …, leaves[0]`` (reverse generation order); step 2."""
-    n = num_leaves(tree)
-    k = leaves.shape[0]
-    dtype = tree.time.dtype
-
-    def body(j, carry):
-        tree, root, in_tree, times, freed, sibs = carry
-        idx = k - 1 - j
-        i = leaves[idx]
-        t = tree.time[tree.parent[i]]
-        tree, root, w, u = detach(tree, root, i)
-        in_tree = in_tree.at[i].set(False).at[w].set(False)
-        return tree, root, in_tree, times.at[idx].set(t), freed.at[idx].set(w), sibs.at[idx].set(u)
-
-    init = (
-        tree, root_of(tree), jnp.ones(2 * n - 1, bool), jnp.zeros(k, dtype),
-        jnp.zeros(k, jnp.int32), jnp.zeros(k, jnp.int32),
-    )
-    return Detached(*lax.fori_loop(0, k, body, init))
 
 
 def _log_normal(x, mean, var, d):
@@ -220,46 +183,16 @@ def insert_leaves(gumbel, det: Detached, leaves, times, X, sigma, noise, forced,
     Returns ``(tree, log Q)``; ``log Q = −inf`` when some leaf has no
     candidate branch (then the move is rejected).
     """
-    tree, root, in_tree = det.tree, det.root, det.in_tree
-    k = leaves.shape[0]
-    dtype = tree.time.dtype
-    # one order for every insertion: by the times the nodes have once all leaves are back, a
-    # valid children-first order of each partial tree on the way (sorting costs as much as a
-    # message pass on XLA:CPU)
-    order = bottom_up_order(tree._replace(time=tree.time.at[det.freed].set(times)))
+    def score(tree, root, in_tree, leaf, d, order):
+        return candidate_log_likelihoods(tree, root, in_tree, X, sigma, noise, leaf, d, order)
 
-    def body(j, carry):
-        tree, root, in_tree, log_q = carry
-        i, d, w = leaves[j], times[j], det.freed[j]
-        p = tree.parent
-        tp = jnp.where(p >= 0, tree.time[jnp.maximum(p, 0)], 0.0)
-        valid = in_tree & (tp < d) & (d < tree.time)
-        cand = candidate_log_likelihoods(tree, root, in_tree, X, sigma, noise, i, d, order)
-        log_w = jnp.where(valid, cand, -jnp.inf)
-        total = logsumexp(log_w)
-        ok = jnp.isfinite(total)
-        x = jnp.where(use_forced, forced[j], jnp.argmax(log_w + gumbel[j]).astype(jnp.int32))
-        log_q = log_q + jnp.where(ok, log_w[x] - total, -jnp.inf)
-        tree, root = attach(tree, root, i, x, d, w)
-        in_tree = in_tree.at[i].set(True).at[w].set(True)
-        return tree, root, in_tree, log_q
-
-    tree, _, _, log_q = lax.fori_loop(0, k, body, (tree, root, in_tree, jnp.zeros((), dtype)))
-    return tree, log_q
+    return insert_with(score, gumbel, det, leaves, times, forced, use_forced)
 
 
-def _check_subset_size(subset_size: Any, n: int) -> int:
-    if isinstance(subset_size, bool) or not isinstance(subset_size, (int, np.integer)) or not 1 <= subset_size <= n - 1:
-        raise ValueError(
-            f"subset_size must be an integer between 1 and n - 1 = {n - 1} (at least one leaf stays), "
-            f"got {subset_size!r}."
-        )
-    return int(subset_size)
 
 
-def _proposal_log_ratio(log_q_back, log_q_fwd, temperature):
-    """``(log Q(T1,T2 | T1',T2') − log Q(T1',T2' | T1,T2)) / τ`` (a function so tests can break it)."""
-    return (log_q_back - log_q_fwd) / temperature
+
+
 
 
 def exchange(
@@ -280,7 +213,7 @@ def exchange(
     evaluations each run as one batched loop, so the program holds one copy of each.
     """
     n = num_leaves(pair.tree)
-    k = _check_subset_size(subset_size, n)
+    k = check_subset_size(subset_size, n)
     dtype = pair.tree.time.dtype
     # one random call: the leaves' order, Gumbel noise for the 4 insertions, the acceptance
     unif = jax.random.uniform(key, (n + 4 * k * (2 * n - 1) + 1,), dtype, minval=jnp.finfo(dtype).tiny)
@@ -301,7 +234,7 @@ def exchange(
     new_trees = jax.tree.map(lambda a: a[:2], trees4)
     lp, ll, sizes = lax.map(lambda a: log_joint_terms_and_sizes(*a), (new_trees, Xs, both.c, both.sigma, both.noise))
     log_target = jnp.sum(lp + ll) - jnp.sum(both.log_prior + both.log_likelihood)
-    log_r = log_target + _proposal_log_ratio(
+    log_r = log_target + moves.proposal_log_ratio(
         log_q4[2] + log_q4[3], log_q4[0] + log_q4[1], jnp.asarray(temperature, log_target.dtype)
     )
     ok = jnp.log(unif[-1]) < log_r
@@ -329,36 +262,12 @@ def exchange_step(
     than ``"map"`` for 8-32 chains) or ``"map"`` (``lax.map``, pairs one after
     another: about 25% quicker to compile). Draws are the same either way.
     """
-    num = chains.log_prior.shape[0]
-    subset_size = _check_subset_size(subset_size, num_leaves(chains.tree))
-    pairs = num // 2
-    dtype = chains.log_prior.dtype
-    if pairs == 0:
-        return chains, ExchangeInfo(jnp.zeros(num, bool), jnp.full(num, -jnp.inf, dtype))
-    k_pair, k_ex = jax.random.split(key)
-    perm = jnp.argsort(jax.random.uniform(k_pair, (num,)))
-    a, b = perm[:pairs], perm[pairs:2 * pairs]
-    pair_states = jax.tree.map(lambda x: jnp.stack([x[a], x[b]], 1), chains)  # (pairs, 2, ...)
-    per_chain = X.ndim == 3
-    X_pairs = jnp.stack([X[a], X[b]], 1) if per_chain else jnp.stack([X, X])
-    axis = 0 if per_chain else None
-    keys = jax.random.split(k_ex, pairs)
-    if pair_batching not in ("vmap", "map"):
-        raise ValueError(f"pair_batching must be 'vmap' or 'map', got {pair_batching!r}.")
-
     def move(k, pair, x):
         return exchange(k, pair, x, subset_size, temperature)
 
-    if pair_batching == "vmap":
-        new, info = jax.vmap(move, in_axes=(0, 0, axis))(keys, pair_states, X_pairs)
-    elif per_chain:
-        new, info = lax.map(lambda q: move(*q), (keys, pair_states, X_pairs))
-    else:
-        new, info = lax.map(lambda q: move(q[0], q[1], X_pairs), (keys, pair_states))
-    chains = jax.tree.map(lambda full, u: full.at[a].set(u[:, 0]).at[b].set(u[:, 1]), chains, new)
-    accepted = jnp.zeros(num, bool).at[a].set(info.accepted).at[b].set(info.accepted)
-    log_ratio = jnp.full(num, -jnp.inf, info.log_ratio.dtype).at[a].set(info.log_ratio).at[b].set(info.log_ratio)
-    return chains, ExchangeInfo(accepted, log_ratio)
+    return pair_exchanges(move, key, chains, X, subset_size, pair_batching)
+
+
 
 
 def init(trees: Tree, X: Any, c: Any, sigma: Any, noise: Any = 0.0) -> DDTState:
@@ -543,7 +452,7 @@ class PopulationDDT(DiffusionTreeMCMC):
                 f"(got {got} chain keys)."
             )
         spec = self._setup(init_params, model_args, model_kwargs)
-        _check_subset_size(self._subset_size, spec.num_points)
+        check_subset_size(self._subset_size, spec.num_points)
         per_chain = self._init_chains(spec, rng_key, init_params, model_args, model_kwargs)
         pop_key = jax.random.fold_in(rng_key[0], 0x706F70)
         return PopulationDDTState(
@@ -565,9 +474,16 @@ class PopulationDDT(DiffusionTreeMCMC):
         )
         reading = self._read(jax.tree.map(lambda a: a[0], z), model_args, model_kwargs)
         X = jnp.asarray(reading.X, chains.tree.time.dtype)
-        chains, exchanged = exchange_step(
-            k_ex, chains, X, self._subset_size, self._temperature, self._pair_batching
-        )
+        if reading.spec.kind == "cut":
+            from . import cut
+
+            chains, exchanged = cut.exchange_step(
+                k_ex, chains, X, reading.family, self._subset_size, self._temperature, self._pair_batching
+            )
+        else:
+            chains, exchanged = exchange_step(
+                k_ex, chains, X, self._subset_size, self._temperature, self._pair_batching
+            )
         z = dict(z)
         z[reading.spec.tree_site] = chains.tree
         lj = run_chains(lambda zz, chain: self._log_joint(zz, chain, model_args, model_kwargs),
