@@ -204,6 +204,24 @@ def tree_model(X):
     numpyro.sample("X", bnp.BrownianLeaves(tree, sigma, noise=0.1), obs=X)
 
 
+def cut_tree_model(X):  # the seed's cut model (docs/mathematics.md §5)
+    c = numpyro.sample("c", dist.LogNormal(0.0, 1.0))
+    t_stop = numpyro.sample("t_stop", dist.Beta(2.0, 2.0))
+    tree = numpyro.sample("tree", bnp.DiffusionTree(c, X.shape[0]))
+    z = numpyro.deterministic("z", bnp.cut_tree(tree, t_stop))
+    numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(0.0, 1.0, 2.0, 1.0), z), obs=X)
+
+
+def cut_population():
+    m = MCMC(bnp.PopulationDDT(cut_tree_model, num_chains=4, subset_size=2), num_warmup=2, num_samples=3,
+             num_chains=4, chain_method="vectorized", progress_bar=False)
+    m.run(KEY, jnp.asarray(XT))
+    s = m.get_samples()
+    floats("cut model tree.time", s["tree"].time)
+    floats("cut model t_stop", s["t_stop"])
+    labels("cut model z", s["z"], (12, XT.shape[0]), high=XT.shape[0])
+
+
 def tree_kernel(make, chains):
     def go():
         m = MCMC(make(), num_warmup=2, num_samples=3, num_chains=chains, chain_method="vectorized",
@@ -316,6 +334,7 @@ if GROUP == "trees":
     run("DiffusionTreeMCMC", tree_kernel(lambda: bnp.DiffusionTreeMCMC(tree_model), 2))
     run("PopulationDDT", tree_kernel(lambda: bnp.PopulationDDT(tree_model, num_chains=4, subset_size=2), 4))
     run("fit_ddt", ddt_fit)
+    run("PopulationDDT on the cut model", cut_population)
 if GROUP == "estimators":
     run("MAPDP fit+predict", mapdp)
     # the other methods' kernels run directly in the "kernels" group (subcluster in both: the

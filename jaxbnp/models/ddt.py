@@ -722,6 +722,11 @@ def cut_tree(tree: Tree, t_stop: Any = None, *, num_clusters: int | None = None)
     before ``t_stop``) is one cluster. Alternatively ``num_clusters=K`` cuts
     just after the ``K−1`` earliest divergences. Labels ``(n,)`` int32 in
     order of first appearance. ``tree`` must be a single tree.
+
+    Inside a NumPyro model, ``ConjugateMixture(family, cut_tree(tree, t_stop))`` observed is
+    the seed's cut model (docs/mathematics.md §5, "The cut model"), which
+    ``DiffusionTreeMCMC`` and ``PopulationDDT`` sample: the call leaves a message
+    (:data:`CUT_MESSAGE`) in the model's trace that tells them what was cut at which time.
     """
     n = num_leaves(tree)
     if (t_stop is None) == (num_clusters is None):

@@ -1,5 +1,6 @@
 """Dirichlet diffusion trees (docs/mathematics.md §5): within-chain MCMC (``mcmc``),
-population MCMC over vmapped chains (``population``) and the one-call fit (``fit``)."""
+population MCMC over vmapped chains (``population``), the seed's cut model (``cut``), the
+moves they share (``moves``) and the one-call fit (``fit``)."""
 
 from .fit import DDTFit, fit_ddt
 from .mcmc import DiffusionTreeMCMC

@@ -523,7 +523,10 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         observed ``BrownianLeaves`` site taking the tree (module example).
         ``c``, ``sigma`` and ``noise`` may be constants or sample sites with
         priors on ``(0, ∞)`` (slice-sampled by the kernel); no other latent
-        sites. Composition with ``NUTS`` through ``numpyro.infer.Gibbs`` /
+        sites. Or the seed's cut model (:mod:`jaxbnp.inference.trees.cut`): an
+        observed ``ConjugateMixture(family, z)`` with
+        ``z = numpyro.deterministic("z", cut_tree(tree, t_stop))``, ``c`` and
+        ``t_stop`` constants or sample sites (``t_stop``'s prior on ``(0, 1)``). Composition with ``NUTS`` through ``numpyro.infer.Gibbs`` /
         ``HMCGibbs`` does not work: NumPyro's model validation calls
         ``jnp.ndim`` on every site's value, and the tree is a pytree (the
         kernel still implements ``refresh``/``wrap_model``).
