@@ -246,12 +246,14 @@ def _fit_ddt(args, X, X_fit, fit_idx, family) -> Fit:
     from .inference.trees.fit import fit_ddt
 
     heartbeat = _heartbeat(args, "ddt: compiling and sampling")
+    cut = args.ddt_model == "cut"
+    options = dict(model="cut", family=family) if cut else dict(num_clusters=args.ddt_clusters)
     fit = fit_ddt(X_fit, num_chains=max(2, args.chains), num_samples=args.samples,
                   key=jax.random.key(args.seed), num_warmup=args.warmup,
-                  t_stop=args.t_stop, num_clusters=args.ddt_clusters, progress_bar=_bar(args))
+                  t_stop=args.t_stop, progress_bar=_bar(args), **options)
     _done(heartbeat)
     best = np.asarray(fit.labels)
-    if args.t_stop is None and args.ddt_clusters is None:
+    if not cut and args.t_stop is None and args.ddt_clusters is None:
         best = _cut_by_silhouette(fit.tree, X_fit)
     best = _extend_labels(X, fit_idx, best)
     return Fit(best, np.asarray(fit.log_joint), np.array([[len(np.unique(best))]]), extra=fit.tree)
@@ -489,6 +491,12 @@ def _describe_mapdp(args, X, fit_idx, fit) -> str:
 
 
 def _describe_ddt(args, X, fit_idx, fit) -> str:
+    if args.ddt_model == "cut":
+        return (f"ddt: the seed's cut model (a Dirichlet diffusion tree cut at t_stop over "
+                f"{args.family_used} cluster marginals), population MCMC over {max(2, args.chains)} chains "
+                f"started from the Ward tree, {args.warmup} warm-up + {args.samples} draws; the best draw's "
+                + (f"partition at t_stop = {args.t_stop}" if args.t_stop else "partition (t_stop ~ Beta(2, 2))")
+                + (f"; fitted on {args.max_points} of the {X.shape[0]} points" if fit_idx is not None else ""))
     return (f"ddt: Dirichlet diffusion tree, population MCMC over {max(2, args.chains)} chains "
             f"started from the Ward tree, {args.warmup} warm-up + {args.samples} draws; best tree cut "
             + (f"into {args.ddt_clusters} clusters" if args.ddt_clusters else
@@ -770,6 +778,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "into 2 to 30 clusters with the largest mean silhouette width)")
     c.add_argument("--ddt-clusters", type=int, default=None,
                    help="--method ddt: cut the tree into this many clusters instead of at --t-stop")
+    c.add_argument("--ddt-model", choices=("brownian", "cut"), default="brownian",
+                   help="--method ddt: 'brownian' (default: Neal's diffusion tree, Brownian leaves) or "
+                   "'cut' (the population-MCMC seed's model: the tree cut at t_stop over the --family's "
+                   "cluster marginals; t_stop ~ Beta(2, 2) unless --t-stop fixes it)")
     c.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="save the chains' state and draws to OUT/checkpoint.pkl every N draws "
                    "(default 0: no checkpoints); an interrupted run keeps what was saved")
@@ -806,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.method in PLATE_METHODS and args.family is not None:
             raise SystemExit("jaxbnp: --family applies to the conjugate methods; --method "
                              f"{args.method} takes --likelihood.")
+        if args.ddt_model == "cut" and (args.method != "ddt" or args.ddt_clusters is not None):
+            raise SystemExit("jaxbnp: --ddt-model cut applies to --method ddt, which then labels by the "
+                             "model's own cut at t_stop (not --ddt-clusters).")
         if args.paper and args.method != "mapdp":
             raise SystemExit("jaxbnp: --paper applies to --method mapdp.")
         env_x64 = os.environ.get("JAX_ENABLE_X64", "").strip().lower() in ("1", "true", "yes", "on")

@@ -164,3 +164,40 @@ def test_cut_tree_outside_a_model_sends_nothing():
         jnp.zeros((5, 1)))
     cuts = [s for s in tr.values() if s["type"] == ddt.CUT_MESSAGE]
     assert len(cuts) == 1 and cuts[0]["value"] is tr["z"]["value"] and cuts[0]["t_stop"] == 0.5
+
+
+def test_fit_ddt_offers_the_cut_model():
+    """``fit_ddt(model="cut")``: the best draw's partition at its sampled ``t_stop`` (or a fixed
+    one); from the Ward tree no cluster mixes two well separated groups."""
+    from jaxbnp.inference.trees.fit import fit_ddt
+
+    fit = fit_ddt(X2, num_chains=2, num_samples=20, num_warmup=10, key=jax.random.key(0), model="cut")
+    assert fit.sigma is None and 0.0 < fit.t_stop < 1.0
+    assert set(fit.samples) == {"tree", "c", "t_stop"}
+    np.testing.assert_array_equal(fit.labels, ddt.cut_tree(fit.tree, jnp.asarray(fit.t_stop, fit.tree.time.dtype)))
+    # from the Ward tree no cluster mixes the two groups (the best draw may split a group)
+    assert not set(fit.labels[:6].tolist()) & set(fit.labels[6:].tolist()), fit.labels
+    fixed = fit_ddt(X2, num_chains=2, num_samples=5, num_warmup=0, key=jax.random.key(0), model="cut",
+                    t_stop=0.3, family=bnp.NormalGamma.from_data(X2))
+    assert fixed.t_stop == 0.3 and set(fixed.samples) == {"tree", "c"}
+    with pytest.raises(ValueError, match="num_clusters does not apply"):
+        fit_ddt(X2, model="cut", num_clusters=2)
+    with pytest.raises(ValueError, match="options of model='cut'"):
+        fit_ddt(X2, family=bnp.NormalGamma.from_data(X2))
+    with pytest.raises(ValueError, match="model must be"):
+        fit_ddt(X2, model="gaussian")
+
+
+def test_cli_ddt_model_cut(tmp_path, capsys, monkeypatch):
+    from jaxbnp.cli import main
+
+    np.savetxt(tmp_path / "x.csv", X2, delimiter=",")
+    monkeypatch.chdir(tmp_path)
+    assert main(["cluster", "x.csv", "--method", "ddt", "--ddt-model", "cut", "--chains", "2",
+                 "--warmup", "10", "--samples", "20", "--out", "d"]) == 0
+    out = capsys.readouterr().out
+    assert "cut model" in out
+    labels = np.loadtxt(tmp_path / "d" / "labels.csv", skiprows=1)
+    assert labels.shape == (12,) and not set(labels[:6].tolist()) & set(labels[6:].tolist()), labels
+    with pytest.raises(SystemExit, match="--ddt-model cut applies"):
+        main(["cluster", "x.csv", "--method", "ddt", "--ddt-model", "cut", "--ddt-clusters", "3"])
