@@ -745,9 +745,8 @@ def cut_tree(tree: Tree, t_stop: Any = None, *, num_clusters: int | None = None)
     return labels
 
 
-#: type of the message :func:`cut_tree` sends inside a NumPyro model: the trace keeps the tree,
-#: ``t_stop`` and the labels, so that :class:`~jaxbnp.inference.trees.mcmc.DiffusionTreeMCMC`
-#: can read the cut model ``ConjugateMixture(family, cut_tree(tree, t_stop))``
+#: type of :func:`cut_tree`'s message inside a NumPyro model (the trace keeps the tree, ``t_stop``
+#: and the labels: how the tree samplers read ``ConjugateMixture(family, cut_tree(tree, t_stop))``)
 CUT_MESSAGE = "jaxbnp_cut_tree"
 
 
