@@ -51,10 +51,9 @@ from ...models.ddt import (
     structure_log_prior_from, subtree_sizes,
 )
 from ..base import SamplingAlgorithm, run_chains
-from . import moves
 from .moves import (
-    SLICE_UNIFORMS, DDTInfo, ExchangeInfo, PopulationInfo, check_subset_size, detach_leaves, insert_with,
-    num_tree_uniforms, pair_exchanges, select_state, slice_log, subtree_move, time_proposal, update_c,
+    SLICE_UNIFORMS, DDTInfo, PopulationInfo, exchange_pair, insert_with, pair_exchanges, select_state, slice_log,
+    subtree_move, sweep_uniforms, time_proposal, update_c,
 )
 
 __all__ = [
@@ -183,12 +182,7 @@ def _tree_moves(key, state: CutState, point_stats, family, num_subtree_moves: in
     """The subtree moves then one time move per internal node (as
     :func:`jaxbnp.inference.trees.mcmc._tree_moves`, the same random numbers)."""
     n = num_leaves(state.tree)
-    k_walk, k_unif = jax.random.split(key)
-    unif = jax.random.uniform(k_unif, (num_tree_uniforms(n, num_subtree_moves),), state.tree.time.dtype)
-    u_node = unif[:num_subtree_moves]
-    u_time = unif[num_subtree_moves: num_subtree_moves + n - 1]
-    steps = step_size * (jnp.log(u_time) - jnp.log1p(-u_time))
-    log_u = jnp.log(unif[num_subtree_moves + n - 1:])
+    k_walk, u_node, steps, log_u = sweep_uniforms(key, n, num_subtree_moves, step_size, state.tree.time.dtype)
     order = bottom_up_order(state.tree)
     stats = node_stats(state.tree, point_stats, order)
     # the data term afresh at every sweep's start (no drift from the masked adds)
@@ -335,40 +329,20 @@ def exchange(key: jax.Array, pair: CutState, X: jax.Array, family, subset_size: 
              temperature: Any = 1.0):
     """The seed's exchange move between two chains of the cut model (module docstring): as
     :func:`jaxbnp.inference.trees.population.exchange` with :func:`candidate_log_weights`."""
-    n = num_leaves(pair.tree)
-    k = check_subset_size(subset_size, n)
-    dtype = pair.tree.time.dtype
-    unif = jax.random.uniform(key, (n + 4 * k * (2 * n - 1) + 1,), dtype, minval=jnp.finfo(dtype).tiny)
-    leaves = jnp.argsort(unif[:n])[:k].astype(jnp.int32)
-    gumbel = -jnp.log(-jnp.log(unif[n:-1])).reshape(4, k, 2 * n - 1)
-    X = jnp.asarray(X, dtype)
+    X = jnp.asarray(X, pair.tree.time.dtype)
     point_stats = family.point_stats(X[0] if X.ndim == 3 else X)  # the pair's shared data
-    dets = jax.vmap(detach_leaves, in_axes=(0, None))(pair.tree, leaves)
-    mine = jnp.array([0, 1, 0, 1])
-    times_from = jnp.array([1, 0, 0, 1])
-    det4 = jax.tree.map(lambda a: a[mine], dets)
-    tasks = (gumbel, det4, dets.times[times_from], pair.t_stop[mine], dets.siblings[mine],
-             jnp.array([False, False, True, True]))
 
-    def insert(a):
-        gum, det, times, t_stop, forced, use_forced = a
-
+    def insert(gumbel, det, leaves, times, t_stop, forced, use_forced):
         def score(tree, root, in_tree, leaf, d, order):
             return candidate_log_weights(tree, in_tree, point_stats, family, t_stop, leaf, d)
 
-        return insert_with(score, gum, det, leaves, times, forced, use_forced)
+        return insert_with(score, gumbel, det, leaves, times, forced, use_forced)
 
-    trees4, log_q4 = lax.map(insert, tasks)
-    new_trees = jax.tree.map(lambda a: a[:2], trees4)
-    lp, ll, sizes = lax.map(lambda a: log_joint_terms_and_sizes(a[0], point_stats, family, a[1], a[2]),
-                            (new_trees, pair.c, pair.t_stop))
-    log_target = jnp.sum(lp + ll) - jnp.sum(pair.log_prior + pair.log_likelihood)
-    log_r = log_target + moves.proposal_log_ratio(
-        log_q4[2] + log_q4[3], log_q4[0] + log_q4[1], jnp.asarray(temperature, log_target.dtype)
-    )
-    ok = jnp.log(unif[-1]) < log_r
-    new = pair._replace(tree=new_trees, log_prior=lp, log_likelihood=ll.astype(dtype), sizes=sizes)
-    return select_state(ok, new, pair), ExchangeInfo(ok, log_r)
+    def log_terms(trees):
+        return lax.map(lambda a: log_joint_terms_and_sizes(a[0], point_stats, family, a[1], a[2]),
+                       (trees, pair.c, pair.t_stop))
+
+    return exchange_pair(key, pair, subset_size, temperature, pair.t_stop, insert, log_terms)
 
 
 def exchange_step(key: jax.Array, chains: CutState, X: jax.Array, family, subset_size: int,

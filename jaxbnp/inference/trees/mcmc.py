@@ -63,6 +63,7 @@ Example
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -98,8 +99,8 @@ from ...models.ddt import (
 from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
 from ..base import SamplingAlgorithm, run_chains
 from .moves import (
-    SLICE_UNIFORMS, DDTInfo, num_tree_uniforms, select_state, slice_log, subtree_log_q_ratio,
-    subtree_move, time_proposal, update_c,
+    SLICE_UNIFORMS, DDTInfo, select_state, slice_log, subtree_log_q_ratio, subtree_move, sweep_uniforms,
+    time_proposal, update_c,
 )
 
 __all__ = [
@@ -204,12 +205,7 @@ def _tree_moves(key, state: DDTState, X, num_subtree_moves: int, step_size):
     the next sweep's start.
     """
     n = num_leaves(state.tree)
-    k_walk, k_unif = jax.random.split(key)
-    unif = jax.random.uniform(k_unif, (num_tree_uniforms(n, num_subtree_moves),), state.tree.time.dtype)
-    u_node = unif[:num_subtree_moves]
-    u_time = unif[num_subtree_moves: num_subtree_moves + n - 1]
-    steps = step_size * (jnp.log(u_time) - jnp.log1p(-u_time))
-    log_u = jnp.log(unif[num_subtree_moves + n - 1:])
+    k_walk, u_node, steps, log_u = sweep_uniforms(key, n, num_subtree_moves, step_size, state.tree.time.dtype)
     msg, _ = tree_messages(state.tree, X, state.sigma, state.noise)
     surv = jnp.log1p(-state.tree.time)  # log1p(−t) per node, one entry updated per move
 
@@ -428,20 +424,28 @@ def _find_spec(tr, kernel_name: str) -> ModelSpec:
             f"('{trees[0]}') unchanged as its tree."
         )
     owned = {trees[0]}
+    found = _hyper_sites(tr, owned, (
+        ("c", tree_site["fn"].c, partial(_check_positive_prior, what="c (the divergence parameter)")),
+        ("sigma", data_site["fn"].sigma, partial(_check_positive_prior, what="sigma (the Brownian scale)")),
+        ("noise", data_site["fn"].noise, partial(_check_positive_prior, what="noise (the observation noise)")),
+    ))
+    _check_others(tr, owned, kernel_name)
+    return ModelSpec(trees[0], datas[0], found["c"], found["sigma"], found["noise"], tree_site["fn"].num_points)
+
+
+def _hyper_sites(tr, owned: set, wanted) -> dict:
+    """For each ``(key, value, check)`` of ``wanted``: the latent sample site whose value is
+    ``value`` (passed unchanged to the distribution that takes it; ``check(prior, name)`` checks
+    its prior), or ``None`` for a constant. Adds the names found to ``owned``."""
     found = {}
-    for key, value, what in (
-        ("c", tree_site["fn"].c, "c (the divergence parameter)"),
-        ("sigma", data_site["fn"].sigma, "sigma (the Brownian scale)"),
-        ("noise", data_site["fn"].noise, "noise (the observation noise)"),
-    ):
+    for key, value, check in wanted:
         found[key] = None
         for name, s in tr.items():
             if s["type"] == "sample" and not s["is_observed"] and s["value"] is value:
-                _check_positive_prior(s["fn"], name, what)
+                check(s["fn"], name)
                 found[key] = name
                 owned.add(name)
-    _check_others(tr, owned, kernel_name)
-    return ModelSpec(trees[0], datas[0], found["c"], found["sigma"], found["noise"], tree_site["fn"].num_points)
+    return found
 
 
 def _check_others(tr, owned, kernel_name: str) -> None:
@@ -495,18 +499,10 @@ def _find_cut_spec(tr, tree_name: str, mixture_name: str, kernel_name: str) -> M
     cut = _cut_message(tr, tree_name, mixture_name, kernel_name)
     tree_site = tr[tree_name]
     owned = {tree_name}
-    found = {}
-    for key, value, what in (("c", tree_site["fn"].c, "c (the divergence parameter)"),
-                             ("t_stop", cut["t_stop"], "t_stop (the stopping time)")):
-        found[key] = None
-        for name, s in tr.items():
-            if s["type"] == "sample" and not s["is_observed"] and s["value"] is value:
-                if key == "c":
-                    _check_positive_prior(s["fn"], name, what)
-                else:
-                    _check_unit_prior(s["fn"], name)
-                found[key] = name
-                owned.add(name)
+    found = _hyper_sites(tr, owned, (
+        ("c", tree_site["fn"].c, partial(_check_positive_prior, what="c (the divergence parameter)")),
+        ("t_stop", cut["t_stop"], _check_unit_prior),
+    ))
     if found["t_stop"] is None:
         t = cut["t_stop"]
         if not isinstance(t, jax.core.Tracer) and not (np.ndim(t) == 0 and 0.0 < float(t) < 1.0):
@@ -526,7 +522,8 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
         sites. Or the seed's cut model (:mod:`jaxbnp.inference.trees.cut`): an
         observed ``ConjugateMixture(family, z)`` with
         ``z = numpyro.deterministic("z", cut_tree(tree, t_stop))``, ``c`` and
-        ``t_stop`` constants or sample sites (``t_stop``'s prior on ``(0, 1)``). Composition with ``NUTS`` through ``numpyro.infer.Gibbs`` /
+        ``t_stop`` constants or sample sites (``t_stop``'s prior on ``(0, 1)``).
+        Composition with ``NUTS`` through ``numpyro.infer.Gibbs`` /
         ``HMCGibbs`` does not work: NumPyro's model validation calls
         ``jnp.ndim`` on every site's value, and the tree is a pytree (the
         kernel still implements ``refresh``/``wrap_model``).

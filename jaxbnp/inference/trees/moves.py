@@ -29,7 +29,7 @@ __all__ = [
     "num_tree_uniforms", "log_prior_positive", "MAX_STEPS_OUT", "MAX_SHRINKS", "SLICE_UNIFORMS",
     "slice_log", "c_statistic", "update_c",
     "ExchangeInfo", "PopulationInfo", "Detached", "detach_leaves", "insert_with", "check_subset_size",
-    "proposal_log_ratio", "pair_exchanges",
+    "proposal_log_ratio", "exchange_pair", "pair_exchanges", "sweep_uniforms",
 ]
 
 
@@ -125,6 +125,19 @@ def num_tree_uniforms(n: int, num_subtree_moves: int) -> int:
     """Uniforms of :func:`_tree_moves` besides the walks': a node and an acceptance test per
     subtree move, an increment and an acceptance test per time move."""
     return 2 * num_subtree_moves + 2 * (n - 1)
+
+
+def sweep_uniforms(key, n: int, num_subtree_moves: int, step_size, dtype):
+    """A within-chain sweep's random numbers (one uniform call): ``(walk key, the subtree
+    moves' node uniforms, the time moves' logistic increments, the acceptance tests' log
+    uniforms)`` (``num_subtree_moves`` subtree tests first, then ``n − 1`` time tests)."""
+    k_walk, k_unif = jax.random.split(key)
+    unif = jax.random.uniform(k_unif, (num_tree_uniforms(n, num_subtree_moves),), dtype)
+    u_node = unif[:num_subtree_moves]
+    u_time = unif[num_subtree_moves: num_subtree_moves + n - 1]
+    steps = step_size * (jnp.log(u_time) - jnp.log1p(-u_time))
+    log_u = jnp.log(unif[num_subtree_moves + n - 1:])
+    return k_walk, u_node, steps, log_u
 
 
 def log_prior_positive(prior, x):
@@ -306,6 +319,45 @@ def check_subset_size(subset_size: Any, n: int) -> int:
 def proposal_log_ratio(log_q_back, log_q_fwd, temperature):
     """``(log Q(T1,T2 | T1',T2') − log Q(T1',T2' | T1,T2)) / τ`` (a function so tests can break it)."""
     return (log_q_back - log_q_fwd) / temperature
+
+
+def exchange_pair(key, pair, subset_size: int, temperature, per_chain, insert, log_terms):
+    """The exchange move between two chains (docs/mathematics.md §5), whatever the model:
+
+    ``pair``: the two chains' states on a leading axis of size 2 (fields ``tree``,
+    ``log_prior``, ``log_likelihood``, ``sizes``); ``per_chain``: a pytree of each chain's
+    model quantities (leading axis 2), handed to ``insert`` for the chain whose tree a row
+    rebuilds; ``insert(gumbel, det, leaves, times, chain, forced, use_forced) -> (tree, log Q)``
+    re-attaches the leaves (:func:`insert_with` with the model's branch weights);
+    ``log_terms(trees) -> (structure terms, data terms, sizes)`` scores the two new trees.
+    The two detachments, the four re-attachments (two proposals, two reverse replays) and the
+    two evaluations each run as one batched loop, so the program holds one copy of each.
+    """
+    n = num_leaves(pair.tree)
+    k = check_subset_size(subset_size, n)
+    dtype = pair.tree.time.dtype
+    # one random call: the leaves' order, Gumbel noise for the 4 insertions, the acceptance
+    unif = jax.random.uniform(key, (n + 4 * k * (2 * n - 1) + 1,), dtype, minval=jnp.finfo(dtype).tiny)
+    leaves = jnp.argsort(unif[:n])[:k].astype(jnp.int32)
+    gumbel = -jnp.log(-jnp.log(unif[n:-1])).reshape(4, k, 2 * n - 1)
+    dets = jax.vmap(detach_leaves, in_axes=(0, None))(pair.tree, leaves)
+    # rows: proposal for chain 1 (chain 2's times), for chain 2, replay of chain 1, of chain 2
+    mine = jnp.array([0, 1, 0, 1])
+    times_from = jnp.array([1, 0, 0, 1])
+    tasks = (gumbel, jax.tree.map(lambda a: a[mine], dets), dets.times[times_from],
+             jax.tree.map(lambda a: a[mine], per_chain), dets.siblings[mine], jnp.array([False, False, True, True]))
+    # lax.map, not vmap: one unbatched copy of the insertion loop compiles much faster
+    trees4, log_q4 = lax.map(lambda a: insert(a[0], a[1], leaves, *a[2:]), tasks)
+    new_trees = jax.tree.map(lambda a: a[:2], trees4)
+    lp, ll, sizes = log_terms(new_trees)
+    ll = ll.astype(pair.log_likelihood.dtype)
+    log_target = jnp.sum(lp + ll) - jnp.sum(pair.log_prior + pair.log_likelihood)
+    log_r = log_target + proposal_log_ratio(
+        log_q4[2] + log_q4[3], log_q4[0] + log_q4[1], jnp.asarray(temperature, log_target.dtype)
+    )
+    ok = jnp.log(unif[-1]) < log_r
+    new = pair._replace(tree=new_trees, log_prior=lp, log_likelihood=ll, sizes=sizes)
+    return select_state(ok, new, pair), ExchangeInfo(ok, log_r)
 
 
 def pair_exchanges(move, key, chains, X, subset_size: int, pair_batching: str = "vmap"):

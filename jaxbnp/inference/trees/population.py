@@ -67,10 +67,10 @@ from ...models.ddt import (
 )
 from ..base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
 from . import mcmc
-from . import moves
-from .mcmc import DDTInfo, DDTState, DiffusionTreeMCMC, Hyperpriors, select_state
+from .mcmc import DDTInfo, DDTState, DiffusionTreeMCMC, Hyperpriors
 from .moves import (
-    Detached, ExchangeInfo, PopulationInfo, check_subset_size, detach_leaves, insert_with, pair_exchanges,
+    Detached, ExchangeInfo, PopulationInfo, check_subset_size, detach_leaves, exchange_pair, insert_with,
+    pair_exchanges,
 )
 
 __all__ = [
@@ -208,38 +208,18 @@ def exchange(
     leading axis of size 2. ``X``: ``(2, n, D)``, the data of each chain's
     target (the same data twice for a posterior). ``subset_size`` (static):
     number of leaves exchanged. ``temperature`` may be traced. Returns the pair
-    and an :class:`ExchangeInfo` of scalars. The two detachments, the four
-    re-attachments (two proposals, two reverse replays) and the two
-    evaluations each run as one batched loop, so the program holds one copy of each.
+    and an :class:`ExchangeInfo` of scalars: :func:`~jaxbnp.inference.trees.moves.exchange_pair`
+    with the branches weighted by the Gaussian messages (:func:`candidate_log_likelihoods`).
     """
-    n = num_leaves(pair.tree)
-    k = check_subset_size(subset_size, n)
-    dtype = pair.tree.time.dtype
-    # one random call: the leaves' order, Gumbel noise for the 4 insertions, the acceptance
-    unif = jax.random.uniform(key, (n + 4 * k * (2 * n - 1) + 1,), dtype, minval=jnp.finfo(dtype).tiny)
-    leaves = jnp.argsort(unif[:n])[:k].astype(jnp.int32)
-    gumbel = -jnp.log(-jnp.log(unif[n:-1])).reshape(4, k, 2 * n - 1)
-    both, Xs = pair, jnp.asarray(X, dtype)
-    dets = jax.vmap(detach_leaves, in_axes=(0, None))(both.tree, leaves)
-    # rows: proposal for chain 1 (chain 2's times), for chain 2, replay of chain 1, of chain 2
-    mine = jnp.array([0, 1, 0, 1])
-    times_from = jnp.array([1, 0, 0, 1])
-    det4 = jax.tree.map(lambda a: a[mine], dets)
-    tasks = (
-        gumbel, det4, dets.times[times_from], Xs[mine], both.sigma[mine],
-        both.noise[mine], dets.siblings[mine], jnp.array([False, False, True, True]),
-    )
-    # lax.map, not vmap: one unbatched copy of the insertion loop compiles much faster
-    trees4, log_q4 = lax.map(lambda a: insert_leaves(a[0], a[1], leaves, *a[2:]), tasks)
-    new_trees = jax.tree.map(lambda a: a[:2], trees4)
-    lp, ll, sizes = lax.map(lambda a: log_joint_terms_and_sizes(*a), (new_trees, Xs, both.c, both.sigma, both.noise))
-    log_target = jnp.sum(lp + ll) - jnp.sum(both.log_prior + both.log_likelihood)
-    log_r = log_target + moves.proposal_log_ratio(
-        log_q4[2] + log_q4[3], log_q4[0] + log_q4[1], jnp.asarray(temperature, log_target.dtype)
-    )
-    ok = jnp.log(unif[-1]) < log_r
-    new = both._replace(tree=new_trees, log_prior=lp, log_likelihood=ll, sizes=sizes)
-    return select_state(ok, new, both), ExchangeInfo(ok, log_r)
+    Xs = jnp.asarray(X, pair.tree.time.dtype)
+
+    def insert(gumbel, det, leaves, times, chain, forced, use_forced):
+        return insert_leaves(gumbel, det, leaves, times, *chain, forced, use_forced)
+
+    def log_terms(trees):
+        return lax.map(lambda a: log_joint_terms_and_sizes(*a), (trees, Xs, pair.c, pair.sigma, pair.noise))
+
+    return exchange_pair(key, pair, subset_size, temperature, (Xs, pair.sigma, pair.noise), insert, log_terms)
 
 
 def exchange_step(
