@@ -76,6 +76,30 @@ def test_same_key_same_draws_and_labels_canonical():
         assert row[0] == 0 and np.all(row <= np.r_[0, seen[:-1] + 1])
 
 
+@pytest.mark.parametrize("capacity", [1, 7, 40, 600], ids=lambda c: f"capacity{c}")
+def test_slot_order_equals_the_double_argsort(capacity):
+    """``slot_order`` ranks the slots by comparing pairs up to ``RANK_BY_COMPARISON_MAX`` slots
+    and by sorting above (600): both give what ``argsort(argsort(first appearance))`` gives,
+    empty slots last in their own order; ``inverse_permutation`` is ``argsort`` of a
+    permutation."""
+    from jaxbnp.inference.partition import clusters
+
+    assert clusters.RANK_BY_COMPARISON_MAX < 600
+    rng = np.random.default_rng(capacity)
+    for n in (1, 5, 30):
+        labels = jnp.asarray(rng.integers(0, capacity, n))
+        first = jax.ops.segment_min(jnp.arange(n), labels, num_segments=capacity)
+        order = np.argsort(np.asarray(first), kind="stable")
+        got_order, got_labels = clusters.slot_order(labels, capacity)
+        np.testing.assert_array_equal(got_order, order)
+        np.testing.assert_array_equal(got_labels, np.argsort(order, kind="stable")[np.asarray(labels)])
+        assert got_labels.dtype == jnp.int32
+        np.testing.assert_array_equal(clusters.inverse_permutation(jnp.asarray(order)), np.argsort(order))
+    ties = jnp.asarray(rng.integers(0, 3, (4, capacity)))
+    want = np.argsort(np.argsort(np.asarray(ties), axis=-1, kind="stable"), axis=-1, kind="stable")
+    np.testing.assert_array_equal(jax.vmap(clusters.stable_rank)(ties), want)
+
+
 def test_log_joint_field_matches_log_joint_function():
     X = _data()
     mcmc = _run(nggp_model, X, "vectorized", num_chains=2)

@@ -38,6 +38,7 @@ composes their own from :mod:`jaxbnp.inference.partition.moves` (the key of a
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -58,7 +59,7 @@ from . import gibbs as gibbs_core
 from . import hyperparameters, moves, subcluster
 from .clusters import (
     ClusterState, PartitionState, canonical_labels, cluster_log_joint, clusters_from_labels,
-    raise_if_overflow,
+    raise_capacity_error_if, raise_if_overflow,
 )
 from .moves import Move
 
@@ -340,8 +341,8 @@ class PartitionKernel(DiscreteSiteKernel):
         def init_one(key, params, hyper, args, kwargs):
             return self._init_one(key, params, hyper, spec, move, args, kwargs)
 
-        def sample_one(state, args, kwargs):
-            return self._sample_one(state, spec, move, args, kwargs)
+        def sample_one(state, args, kwargs, check_overflow=True):
+            return self._sample_one(state, spec, move, args, kwargs, check_overflow)
 
         # one compiled program (op by op, the start compiled a hundred small ones)
         # kept on the kernel: a second MCMC.run of the same shape compiles nothing
@@ -357,8 +358,17 @@ class PartitionKernel(DiscreteSiteKernel):
             state = call_cached(self, "init", static, init_many, rng_key, init_params, hyper0,
                                 model_args=model_args, model_kwargs=model_kwargs)
             how = self._chain_batching
-            self._sample_fn = lambda state, args, kwargs: run_chains(
-                sample_one, state, args, kwargs, in_axes=(0, None, None), how=how)
+
+            def sample_many(state, args, kwargs):
+                # one host callback for the batch, not one per chain (a callback costs about
+                # as much as a chain's iteration on a few points)
+                new = run_chains(partial(sample_one, check_overflow=False), state, args, kwargs,
+                                 in_axes=(0, None, None), how=how)
+                if new.clusters.capacity < spec.num_points and self.host_overflow_check:
+                    raise_capacity_error_if(jnp.any(new.clusters.overflow), new.clusters.capacity)
+                return new
+
+            self._sample_fn = sample_many
         else:
             state = call_cached(self, "init", static, init_one, rng_key, init_params, hyper0,
                                 model_args=model_args, model_kwargs=model_kwargs)
@@ -437,7 +447,7 @@ class PartitionKernel(DiscreteSiteKernel):
     def _validate_trace(self, model_trace, spec: ModelSpec) -> None:
         """Hook: subclasses reject models they cannot handle (called before anything compiles)."""
 
-    def _sample_one(self, state, spec, move, model_args, model_kwargs):
+    def _sample_one(self, state, spec, move, model_args, model_kwargs, check_overflow=True):
         measure, family, X, u, priors = self._read(state.z, model_args, model_kwargs)
         key, k_step, k_alpha, k_sigma = jax.random.split(state.rng_key, 4)
         # partition moves, then (NGGP) u: the pure core's step, with the model's values now
@@ -446,7 +456,7 @@ class PartitionKernel(DiscreteSiteKernel):
             k_step, moves.KernelState(PartitionState(state.clusters, u), state.moves)
         )
         clusters, u = kernel_state.partition
-        if clusters.capacity < spec.num_points and self.host_overflow_check:
+        if check_overflow and clusters.capacity < spec.num_points and self.host_overflow_check:
             raise_if_overflow(clusters)
         z = dict(state.z)
         k = clusters.num_clusters

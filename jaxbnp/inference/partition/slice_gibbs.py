@@ -45,7 +45,7 @@ from ..base import SamplingAlgorithm
 from .auxiliary import (DEFAULT_SPLIT_MERGE, AuxiliaryGibbs, ClusterModel, ClusterModelSpec, refresh_empty_slots,
                         renumber_slots, slot_counts, split_choice_log_ratio, split_merge,
                         update_slot_params)
-from .clusters import raise_capacity_error_if
+from .clusters import inverse_permutation, raise_capacity_error_if
 
 __all__ = ["SliceGibbs", "SliceGibbsState", "SliceState", "SliceInfo", "algorithm",
            "stick_log_weights", "position_log_prior", "swap_log_ratio", "swap_positions", "slice_labels"]
@@ -184,12 +184,12 @@ def algorithm(model: Callable, spec: ClusterModelSpec, model_args=(), model_kwar
         log_lik = m.log_lik_matrix(params)
         dtype = log_lik.dtype
         counts = slot_counts(labels, capacity)
-        slot_at = jnp.argsort(sticks).astype(jnp.int32)  # position -> slot
+        slot_at = inverse_permutation(sticks.astype(jnp.int32))  # position -> slot
         accepted = jnp.zeros((), jnp.int32)
         for k in jax.random.split(k_swap, num_swap_passes) if num_swap_passes else ():  # 2.
             slot_at, ok = swap_positions(k, counts[slot_at], slot_at, alpha, d, dtype)
             accepted = accepted + ok
-        sticks = jnp.argsort(slot_at).astype(jnp.int32)
+        sticks = inverse_permutation(slot_at)
         if num_split_merge:  # 2b. splits and merges on the allocation's law over positions
             def prior(c):
                 return position_log_prior(c[slot_at].astype(dtype), alpha, d)
