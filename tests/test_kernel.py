@@ -76,28 +76,34 @@ def test_same_key_same_draws_and_labels_canonical():
         assert row[0] == 0 and np.all(row <= np.r_[0, seen[:-1] + 1])
 
 
-@pytest.mark.parametrize("capacity", [1, 7, 40, 600], ids=lambda c: f"capacity{c}")
-def test_slot_order_equals_the_double_argsort(capacity):
-    """``slot_order`` ranks the slots by comparing pairs up to ``RANK_BY_COMPARISON_MAX`` slots
-    and by sorting above (600): both give what ``argsort(argsort(first appearance))`` gives,
-    empty slots last in their own order; ``inverse_permutation`` is ``argsort`` of a
-    permutation."""
+@pytest.mark.parametrize("m", [1, 7, 40, 600], ids=lambda m: f"m{m}")
+def test_orderings_without_a_sort_equal_jax_sorts(m):
+    """``jaxbnp._ranks`` compares pairs up to ``RANK_BY_COMPARISON_MAX`` entries and sorts
+    above (600): both give what JAX's sorts give. ``slot_order`` equals
+    ``argsort(argsort(first appearance))`` (empty slots last, in their own order), ``argsort``
+    is the stable one (ties, booleans), ``permutation`` is ``jax.random.permutation`` for
+    typed and legacy keys."""
+    from jaxbnp import _ranks
     from jaxbnp.inference.partition import clusters
 
-    assert clusters.RANK_BY_COMPARISON_MAX < 600
-    rng = np.random.default_rng(capacity)
+    assert _ranks.RANK_BY_COMPARISON_MAX < 600
+    rng = np.random.default_rng(m)
     for n in (1, 5, 30):
-        labels = jnp.asarray(rng.integers(0, capacity, n))
-        first = jax.ops.segment_min(jnp.arange(n), labels, num_segments=capacity)
+        labels = jnp.asarray(rng.integers(0, m, n))
+        first = jax.ops.segment_min(jnp.arange(n), labels, num_segments=m)
         order = np.argsort(np.asarray(first), kind="stable")
-        got_order, got_labels = clusters.slot_order(labels, capacity)
+        got_order, got_labels = clusters.slot_order(labels, m)
         np.testing.assert_array_equal(got_order, order)
         np.testing.assert_array_equal(got_labels, np.argsort(order, kind="stable")[np.asarray(labels)])
         assert got_labels.dtype == jnp.int32
-        np.testing.assert_array_equal(clusters.inverse_permutation(jnp.asarray(order)), np.argsort(order))
-    ties = jnp.asarray(rng.integers(0, 3, (4, capacity)))
+        np.testing.assert_array_equal(_ranks.inverse_permutation(jnp.asarray(order)), np.argsort(order))
+    ties = jnp.asarray(rng.integers(0, 3, (4, m)))
     want = np.argsort(np.argsort(np.asarray(ties), axis=-1, kind="stable"), axis=-1, kind="stable")
-    np.testing.assert_array_equal(jax.vmap(clusters.stable_rank)(ties), want)
+    np.testing.assert_array_equal(jax.vmap(_ranks.stable_rank)(ties), want)
+    for x in (ties[0].astype(float) - 1.5, ties[0] == 1, jnp.asarray(rng.normal(size=m))):
+        np.testing.assert_array_equal(_ranks.argsort(x), jnp.argsort(x, stable=True))
+    for key in (jax.random.key(m), jax.random.PRNGKey(m)):
+        np.testing.assert_array_equal(_ranks.permutation(key, m), jax.random.permutation(key, m))
 
 
 def test_log_joint_field_matches_log_joint_function():

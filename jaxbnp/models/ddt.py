@@ -67,6 +67,7 @@ from numpyro.primitives import _PYRO_STACK, apply_stack
 
 from .._loops import DROP, chain_while
 from .._math import LOG_2PI
+from .._ranks import argsort
 
 __all__ = [
     "Tree", "DiffusionTree", "BrownianLeaves",
@@ -206,7 +207,7 @@ def bottom_up_order(tree: Tree) -> jax.Array:
     support of the prior); ``(n−1,)`` int32.
     """
     n = num_leaves(tree)
-    return (n + jnp.argsort(-tree.time[n:])).astype(jnp.int32)
+    return n + argsort(-tree.time[n:])
 
 
 @jax.jit
@@ -753,7 +754,7 @@ CUT_MESSAGE = "jaxbnp_cut_tree"
 @jax.jit
 def _cut_tree(tree: Tree, t_stop, num_clusters):
     n = num_leaves(tree)
-    t_sorted = jnp.sort(tree.time[n:])
+    t_sorted = tree.time[n:][argsort(tree.time[n:])]
     by_count = jnp.where(num_clusters <= n - 1, t_sorted[jnp.clip(num_clusters - 1, 0, n - 2)], 1.0)
     t_stop = jnp.where(num_clusters > 0, by_count, t_stop).astype(tree.time.dtype)
     nodes = jnp.arange(2 * n - 1, dtype=jnp.int32)

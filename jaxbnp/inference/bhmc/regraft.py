@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..._ranks import argsort, permutation
 from .model import (
     BHMCConfig,
     BHMCState,
@@ -241,9 +242,9 @@ def regraft_leaves(key, state: BHMCState, tables, config: BHMCConfig) -> tuple[B
     L, M = config.depth, config.node_capacity
     nodes = jnp.arange(M)
     k_order, k_rest = jax.random.split(key)
-    order = jax.random.permutation(k_order, M)
+    order = permutation(k_order, M)
     at = (state.count > 0) & (state.depth == L)
-    order = order[jnp.argsort(~at[order], stable=True)]
+    order = order[argsort(~at[order])]
     keys = jax.random.split(k_rest, M)
 
     def one(key, state, z):
@@ -286,9 +287,9 @@ def regraft(key, state: BHMCState, config: BHMCConfig, last_level: int | None = 
     total = jnp.zeros((), jnp.int32)
     for level in range(2, last_level + 1):  # a level's nodes stay those of the level while they move
         k_level = jax.random.fold_in(key, level)
-        order = jax.random.permutation(k_level, M)
+        order = permutation(k_level, M)
         at = (state.count > 0) & (state.depth == level)
-        order = order[jnp.argsort(~at[order], stable=True)]  # the level's nodes first, shuffled
+        order = order[argsort(~at[order])]  # the level's nodes first, shuffled
         keys = jax.random.split(jax.random.fold_in(k_level, 1), M)
 
         def body(i, carry, level=level, order=order, keys=keys):

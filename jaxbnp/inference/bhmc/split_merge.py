@@ -8,6 +8,7 @@ from jax import lax
 
 from ..._math import cho_solve, cholesky
 from ..._random import log_beta_pair
+from ..._ranks import argsort, permutation
 from .beta import (
     draw_leaves,
     update_theta,
@@ -63,7 +64,7 @@ def split_merge_log_ratio(state: BHMCState, X, model: BHMCModel, i, j, k, log_u,
     in_s = state.c == k
     n_all = jnp.arange(n_pts)
     sort_key = jnp.where(n_all == i, -2.0, jnp.where(n_all == j, -1.0, jnp.where(in_s, rank, rank + n_pts)))
-    order = jnp.argsort(sort_key)  # i, j, then the other points of k: only those are visited
+    order = argsort(sort_key)  # i, j, then the other points of k: only those are visited
 
     def body(t, carry):
         n_a, n_b, stats, in_b, log_q, log_m = carry  # stats (3, 1 + D): count and sum of a, b, s
@@ -120,7 +121,7 @@ def split_merge(key, state: BHMCState, X, model: BHMCModel, config: BHMCConfig, 
     k_pair, k_order, k_unif, k_root, k_nodes, k_acc, k_leaf, k_theta = jax.random.split(key, 8)
     i = jax.random.randint(k_pair, (), 0, n_pts)
     j = (i + 1 + jax.random.randint(jax.random.fold_in(k_pair, 1), (), 0, n_pts - 1)) % n_pts
-    rank = jax.random.permutation(k_order, n_pts).astype(ftype)
+    rank = permutation(k_order, n_pts).astype(ftype)
     ki, kj = state.c[i], state.c[j]
     split = ki == kj
     live = state.count > 0

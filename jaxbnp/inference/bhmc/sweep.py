@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..._ranks import permutation
 from ..base import Move, SamplingAlgorithm, chain, no_state
 from .beta import (
     complete_log_likelihood,
@@ -53,7 +54,7 @@ def point_updates() -> Move:
     def step_fn(keys, state, move_state, ctx):
         X, model, config = ctx
         n = X.shape[0]
-        order = jax.random.permutation(keys[0], n)
+        order = permutation(keys[0], n)
         point_keys = jax.random.split(keys[1], n)
 
         def body(i, carry):

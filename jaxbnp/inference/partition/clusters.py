@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..._ranks import inverse_permutation, stable_rank
 from ..._validation import check_labels
 from ...errors import CapacityError
 
@@ -36,8 +37,6 @@ __all__ = [
     "PartitionState",
     "canonical_labels",
     "slot_order",
-    "stable_rank",
-    "inverse_permutation",
     "first_free_slot",
     "cluster_log_joint",
     "log_joint_of_sums",
@@ -157,42 +156,15 @@ def first_free_slot(counts: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.argmax(free), jnp.any(free)
 
 
-#: up to this many slots :func:`slot_order` ranks the slots by comparing every pair, above by
-#: sorting (the same ranks). XLA:CPU runs a sort as a call of its own, which keeps the loop
-#: around it from being compiled whole (``jaxbnp.set_cpu_loop_kernels``) and costs a dispatch
-#: per step: ``SliceGibbs`` on 6 points, 32 slots, 8 vectorised chains, 5.5 -> 4.0 ms per
-#: iteration at the test suite's flags, 5.5 -> 3.5 ms at XLA's defaults.
-RANK_BY_COMPARISON_MAX = 512
-
-
 def slot_order(labels: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
     """``(order, new_labels)``: the slots in order of first appearance (empty slots after, in
     their own order: their first appearance is the largest integer, and the ranking is stable)
-    and the labels renumbered to match (jit-compatible)."""
+    and the labels renumbered to match (jit-compatible; without a sort up to
+    :data:`jaxbnp._ranks.RANK_BY_COMPARISON_MAX` slots)."""
     n = labels.shape[-1]
     first = jax.ops.segment_min(jnp.arange(n), labels, num_segments=capacity)
     rank = stable_rank(first)
     return inverse_permutation(rank), rank[labels]
-
-
-def stable_rank(x: jax.Array) -> jax.Array:
-    """Each entry's position in a stable ascending sort of the last axis of ``x``
-    (``argsort(argsort(x, stable=True))``), ``int32``: by comparing every pair up to
-    :data:`RANK_BY_COMPARISON_MAX` entries, else by sorting."""
-    m = x.shape[-1]
-    if m > RANK_BY_COMPARISON_MAX:
-        order = jnp.argsort(x, axis=-1, stable=True)
-        return jnp.argsort(order, axis=-1, stable=True).astype(jnp.int32)
-    i = jnp.arange(m)
-    a, b = x[..., None, :], x[..., :, None]  # [.., j, i]: x_i against x_j
-    before = (a < b) | ((a == b) & (i[None, :] < i[:, None]))
-    return jnp.sum(before, axis=-1, dtype=jnp.int32)
-
-
-def inverse_permutation(p: jax.Array) -> jax.Array:
-    """``q`` with ``q[p[j]] = j`` for a permutation ``p`` of ``0..m-1``, one-dimensional
-    (``argsort(p)``), by one scatter: no sort."""
-    return jnp.zeros_like(p).at[p].set(jnp.arange(p.shape[-1], dtype=p.dtype))
 
 
 def canonical_labels(labels: jax.Array, capacity: int) -> jax.Array:

@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..._ranks import permutation
 from ..._validation import check_int
 from ..base import EmptyState, Move, SamplingAlgorithm, chain, identity, no_state, repeat
 from . import gibbs as gibbs_core
@@ -176,7 +177,7 @@ def local_moves(depth: int) -> Move:
         k_subset, k_noise = keys[0], keys[1]
         n = ctx.X.shape[0]
         m = -(-n // 2**depth)
-        subset = jax.random.permutation(k_subset, n)[:m]
+        subset = permutation(k_subset, n)[:m]
         clusters = gibbs_core.gibbs_sweep(
             k_noise, state.clusters, ctx.X, ctx.measure, ctx.family, state.u, order=subset
         )

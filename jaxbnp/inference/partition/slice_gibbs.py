@@ -41,11 +41,12 @@ from jax import lax
 from jax.scipy.special import gammaln
 
 from ..._random import log_beta_pair, log_uniform
+from ..._ranks import inverse_permutation
 from ..base import SamplingAlgorithm
 from .auxiliary import (DEFAULT_SPLIT_MERGE, AuxiliaryGibbs, ClusterModel, ClusterModelSpec, refresh_empty_slots,
                         renumber_slots, slot_counts, split_choice_log_ratio, split_merge,
                         update_slot_params)
-from .clusters import inverse_permutation, raise_capacity_error_if
+from .clusters import raise_capacity_error_if
 
 __all__ = ["SliceGibbs", "SliceGibbsState", "SliceState", "SliceInfo", "algorithm",
            "stick_log_weights", "position_log_prior", "swap_log_ratio", "swap_positions", "slice_labels"]

@@ -70,6 +70,7 @@ from jax.scipy.special import gammaln
 from ..._random import (
     cut, log_dirichlet_from_uniform, loggamma_uniforms, sizes, typed_key, uniform, uniform_rows,
 )
+from ..._ranks import permutation
 from ..._validation import check_int, check_real
 from .clusters import ClusterState, PartitionState
 from . import moves
@@ -302,7 +303,7 @@ class _PointPairs(NamedTuple):
 
 def pairing(rng, C: int) -> _Pairs:
     P = C // 2
-    perm = jax.random.permutation(rng.k_match, C).astype(jnp.int32)  # int64 under x64
+    perm = permutation(rng.k_match, C).astype(jnp.int32)  # int64 under x64
     pair = jnp.full((C,), -1, jnp.int32).at[perm[:2 * P]].set(jnp.arange(2 * P, dtype=jnp.int32) // 2)
     return _Pairs(perm[0:2 * P:2], perm[1:2 * P:2], pair)
 

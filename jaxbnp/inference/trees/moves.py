@@ -19,6 +19,7 @@ import numpy as np
 from jax import lax
 from jax.scipy.special import logsumexp
 
+from ..._ranks import argsort
 from ...models.ddt import (
     Tree, ancestor_mask, attach, bottom_up_order, descend, detach, harmonic_numbers, log_attachment_density,
     num_leaves, root_of, structure_log_prior,
@@ -338,7 +339,7 @@ def exchange_pair(key, pair, subset_size: int, temperature, per_chain, insert, l
     dtype = pair.tree.time.dtype
     # one random call: the leaves' order, Gumbel noise for the 4 insertions, the acceptance
     unif = jax.random.uniform(key, (n + 4 * k * (2 * n - 1) + 1,), dtype, minval=jnp.finfo(dtype).tiny)
-    leaves = jnp.argsort(unif[:n])[:k].astype(jnp.int32)
+    leaves = argsort(unif[:n])[:k]
     gumbel = -jnp.log(-jnp.log(unif[n:-1])).reshape(4, k, 2 * n - 1)
     dets = jax.vmap(detach_leaves, in_axes=(0, None))(pair.tree, leaves)
     # rows: proposal for chain 1 (chain 2's times), for chain 2, replay of chain 1, of chain 2
@@ -370,7 +371,7 @@ def pair_exchanges(move, key, chains, X, subset_size: int, pair_batching: str = 
     if pairs == 0:
         return chains, ExchangeInfo(jnp.zeros(num, bool), jnp.full(num, -jnp.inf, dtype))
     k_pair, k_ex = jax.random.split(key)
-    perm = jnp.argsort(jax.random.uniform(k_pair, (num,)))
+    perm = argsort(jax.random.uniform(k_pair, (num,)))
     a, b = perm[:pairs], perm[pairs:2 * pairs]
     pair_states = jax.tree.map(lambda x: jnp.stack([x[a], x[b]], 1), chains)  # (pairs, 2, ...)
     per_chain = X.ndim == 3
