@@ -151,7 +151,10 @@ def test_sweep_compiles_once_for_new_states_keys_and_hyperparameters():
     assert int(state.counts.sum()) == X.shape[0]
 
 
-def test_capacity_overflow_raises_clear_error():
+@pytest.mark.parametrize("num_chains", [1, 2], ids=["one-chain", "vectorized"])
+def test_capacity_overflow_raises_clear_error(num_chains):
+    """One chain checks its own overflow; NumPyro's vectorized chains check once per
+    iteration for the whole batch (one host callback)."""
     rng = np.random.default_rng(0)
     X = rng.normal(size=(40, 1)) * 30.0  # far apart points: many clusters
 
@@ -159,7 +162,8 @@ def test_capacity_overflow_raises_clear_error():
         z = numpyro.sample("z", bnp.Partition(bnp.DP(1000.0), X.shape[0]))
         numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(0.0, 0.01, 2.0, 0.01), z), obs=X)
 
-    mcmc = MCMC(bnp.CollapsedGibbs(model, capacity=4), num_warmup=2, num_samples=2, progress_bar=False)
+    mcmc = MCMC(bnp.CollapsedGibbs(model, capacity=4), num_warmup=2, num_samples=2, num_chains=num_chains,
+                chain_method="vectorized", progress_bar=False)
     with pytest.raises(Exception, match="cluster slots are in use.*larger capacity"):
         mcmc.run(jax.random.key(0), X)
 

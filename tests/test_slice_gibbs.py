@@ -76,7 +76,8 @@ def test_the_swap_ratio_is_the_change_of_the_allocation_law():
                 np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
-def test_a_plate_too_small_for_the_sticks_raises():
+@pytest.mark.parametrize("num_chains", [1, 2], ids=["one-chain", "vectorized"])
+def test_a_plate_too_small_for_the_sticks_raises(num_chains):
     def small(X):
         z = numpyro.sample("z", bnp.Partition(bnp.DP(5.0), X.shape[0]))
         with numpyro.plate("slots", 4):
@@ -85,7 +86,7 @@ def test_a_plate_too_small_for_the_sticks_raises():
 
     # NumPyro's loop reraises the host callback's CapacityError as a JaxRuntimeError with its text
     with pytest.raises(Exception, match=r"stick-breaking weight beyond the plate.s 4 slots.*plate .slots."):
-        _run(bnp.SliceGibbs(small), jax.random.key(0))
+        _run(bnp.SliceGibbs(small), jax.random.key(0), num_chains=num_chains, chain_method="vectorized")
 
 
 def hyper_model(X):
