@@ -4,8 +4,9 @@
 XLA:CPU runs a sort as a call of its own (a runtime thunk), not inside the fused kernels
 around it. A sampler's iteration that sorts a few dozen entries (cluster slots in order of
 first appearance, a random order of a tree's nodes) pays that call's dispatch at every
-step, and the ``while`` loop around it can no longer be compiled whole
-(``jaxbnp.set_cpu_loop_kernels``, which the test suite turns on). Up to
+step, and the ``while`` loop around it is likely no longer compiled whole
+(``jaxbnp.set_cpu_loop_kernels``, which the test suite turns on; inferred from the timings
+below, not read from the compiled program). Up to
 :data:`RANK_BY_COMPARISON_MAX` entries the functions here compare every pair instead
 (``O(m^2)`` comparisons, one fused kernel); above, they sort. The values are the same
 either way, so the draws are too.
