@@ -53,6 +53,8 @@ def inverse_permutation(p: jax.Array) -> jax.Array:
 
 def argsort(x: jax.Array) -> jax.Array:
     """``jnp.argsort(x, stable=True)`` of a one-dimensional ``x``, ``int32``."""
+    if x.shape[-1] > RANK_BY_COMPARISON_MAX:  # one sort, not the ranks' two
+        return jnp.argsort(x, stable=True).astype(jnp.int32)
     return inverse_permutation(stable_rank(x))
 
 

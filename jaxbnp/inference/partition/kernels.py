@@ -38,7 +38,6 @@ composes their own from :mod:`jaxbnp.inference.partition.moves` (the key of a
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -341,8 +340,8 @@ class PartitionKernel(DiscreteSiteKernel):
         def init_one(key, params, hyper, args, kwargs):
             return self._init_one(key, params, hyper, spec, move, args, kwargs)
 
-        def sample_one(state, args, kwargs, check_overflow=True):
-            return self._sample_one(state, spec, move, args, kwargs, check_overflow)
+        def sample_one(state, args, kwargs):
+            return self._sample_one(state, spec, move, args, kwargs)
 
         # one compiled program (op by op, the start compiled a hundred small ones)
         # kept on the kernel: a second MCMC.run of the same shape compiles nothing
@@ -358,17 +357,8 @@ class PartitionKernel(DiscreteSiteKernel):
             state = call_cached(self, "init", static, init_many, rng_key, init_params, hyper0,
                                 model_args=model_args, model_kwargs=model_kwargs)
             how = self._chain_batching
-
-            def sample_many(state, args, kwargs):
-                # one host callback for the batch, not one per chain (a callback costs about
-                # as much as a chain's iteration on a few points)
-                new = run_chains(partial(sample_one, check_overflow=False), state, args, kwargs,
-                                 in_axes=(0, None, None), how=how)
-                if new.clusters.capacity < spec.num_points and self.host_overflow_check:
-                    raise_capacity_error_if(jnp.any(new.clusters.overflow), new.clusters.capacity)
-                return new
-
-            self._sample_fn = sample_many
+            self._sample_fn = lambda state, args, kwargs: run_chains(
+                sample_one, state, args, kwargs, in_axes=(0, None, None), how=how)
         else:
             state = call_cached(self, "init", static, init_one, rng_key, init_params, hyper0,
                                 model_args=model_args, model_kwargs=model_kwargs)
@@ -413,8 +403,7 @@ class PartitionKernel(DiscreteSiteKernel):
         overflow = labels.max() >= capacity
         labels = jnp.where(labels < capacity, labels, 0)
         clusters = clusters_from_labels(family, X, labels, capacity, overflow)
-        if capacity < n and self.host_overflow_check:
-            raise_if_overflow(clusters)
+        self._raise_on_overflow(spec, clusters)
         z[spec.partition_site] = labels
         if spec.u_site is not None and spec.u_site not in params and measure.has_auxiliary:
             # u at its conditional mode given the initial partition (NGGP.u_mode)
@@ -447,7 +436,14 @@ class PartitionKernel(DiscreteSiteKernel):
     def _validate_trace(self, model_trace, spec: ModelSpec) -> None:
         """Hook: subclasses reject models they cannot handle (called before anything compiles)."""
 
-    def _sample_one(self, state, spec, move, model_args, model_kwargs, check_overflow=True):
+    def _raise_on_overflow(self, spec, clusters):
+        """``CapacityError`` on the host if ``clusters`` (one chain's, or a batch's) ran out of
+        slots: one host callback, only when the capacity is below ``n`` (else a free slot
+        always exists) and the runner has not turned the check off."""
+        if clusters.capacity < spec.num_points and self.host_overflow_check:
+            raise_capacity_error_if(jnp.any(clusters.overflow), clusters.capacity)
+
+    def _sample_one(self, state, spec, move, model_args, model_kwargs):
         measure, family, X, u, priors = self._read(state.z, model_args, model_kwargs)
         key, k_step, k_alpha, k_sigma = jax.random.split(state.rng_key, 4)
         # partition moves, then (NGGP) u: the pure core's step, with the model's values now
@@ -456,8 +452,6 @@ class PartitionKernel(DiscreteSiteKernel):
             k_step, moves.KernelState(PartitionState(state.clusters, u), state.moves)
         )
         clusters, u = kernel_state.partition
-        if check_overflow and clusters.capacity < spec.num_points and self.host_overflow_check:
-            raise_if_overflow(clusters)
         z = dict(state.z)
         k = clusters.num_clusters
         if spec.u_site is not None:
@@ -474,7 +468,11 @@ class PartitionKernel(DiscreteSiteKernel):
         )
 
     def sample(self, state, model_args, model_kwargs):
-        return self._sample_fn(state, model_args, model_kwargs)
+        new = self._sample_fn(state, model_args, model_kwargs)
+        # here, not per chain: one host callback per iteration for a batch of chains (on a few
+        # points a callback costs about as much as a chain's iteration)
+        self._raise_on_overflow(self._spec, new.clusters)
+        return new
 
     def refresh(self, state, model_args, model_kwargs):
         """Recompute the cached log joint against the current conditioning values.
