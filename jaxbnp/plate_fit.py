@@ -82,17 +82,23 @@ def plate_kernel(method, model, options):
 
 def prior_slot_draws(model, spec, args, seed, num_slots):
     """``ceil(PRIOR_DRAWS / C)`` prior draws of every slot's parameters, leaves ``(R, ...)``."""
-    from .inference.adapter import trace_model
-
     reps = -(-PRIOR_DRAWS // num_slots)
     keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 2), reps)
+    return jax.tree.map(np.asarray, _prior_draws(model, spec, args, keys))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _prior_draws(model, spec, args, keys):
+    """:func:`prior_slot_draws`' program: one per model, spec and shapes, reused by later fits."""
+    from .inference.adapter import trace_model
+
     zeros = jnp.zeros(spec.num_points, jnp.int32)
 
     def one(key):
         tr = trace_model(model, {spec.partition_site: zeros}, args, None, key=key)
         return {name: tr[name]["value"] for name in spec.param_sites}
 
-    return jax.tree.map(np.asarray, jax.jit(jax.vmap(one))(keys))
+    return jax.vmap(one)(keys)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))

@@ -86,6 +86,23 @@ def test_default_likelihood_density_in_the_datas_units(method):
     # near the truth where the data are (the mixture of the two Gaussians)
     truth = 0.6 * norm.pdf(grid, 700.0, 100.0) + 0.4 * norm.pdf(grid, 1400.0, 50.0)
     assert np.abs(dens - truth).sum() * (grid[1] - grid[0]) < 0.3
+    # a second fit on data of the same shape compiles nothing (issue #36's compile-once)
+    assert _compilations(lambda: bnp.DirichletProcessMixture(method=method, **SETTINGS).fit(X + 1.0)) == 0
+
+
+def _compilations(fn) -> int:
+    """Programs XLA compiled (or loaded from the persistent cache) while ``fn()`` ran."""
+    events = []
+    listen = lambda event, *args, **kwargs: events.append(event)  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    jax.monitoring.register_event_listener(listen)
+    try:
+        fn()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+        jax.monitoring.unregister_event_listener(listen)
+    return sum(e in ("/jax/core/compile/backend_compile_duration", "/jax/compilation_cache/cache_hits")
+               for e in events)
 
 
 def test_a_model_of_the_users_own():
