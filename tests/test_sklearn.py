@@ -9,6 +9,7 @@ pickling).
 
 from __future__ import annotations
 
+import functools
 import pickle
 
 import numpy as np
@@ -26,6 +27,7 @@ DPM = bnp.DirichletProcessMixture(num_warmup=5, num_samples=10, progress_bar=Fal
 #: a likelihood with its cluster parameters sampled (Neal's Algorithm 8; the default
 #: likelihood, diagonal Gaussian clusters with a mean and a scale each)
 PLATE = bnp.DirichletProcessMixture(method="auxiliary", num_warmup=5, num_samples=10, progress_bar=False)
+ESTIMATORS = (bnp.MAPDP(), DPM, PLATE)
 
 #: checks that cannot pass as they are: none
 EXPECTED: dict = {}
@@ -33,21 +35,29 @@ EXPECTED: dict = {}
 _ARRAY_API = """
 import sys, jax, numpy as np, jaxbnp as bnp
 from sklearn.utils.estimator_checks import check_array_api_input
-est = bnp.MAPDP() if sys.argv[1] == "MAPDP" else bnp.DirichletProcessMixture(
-    method=sys.argv[2], num_warmup=5, num_samples=10, progress_bar=False)
-try:
-    check_array_api_input(type(est).__name__, est, "numpy")
-    print("PASSED")
-except ValueError as exc:
-    print("ValueError", exc)
+for spec in sys.argv[1:]:
+    name, method = spec.split(":")
+    est = bnp.MAPDP() if name == "MAPDP" else bnp.DirichletProcessMixture(
+        method=method, num_warmup=5, num_samples=10, progress_bar=False)
+    try:
+        check_array_api_input(type(est).__name__, est, "numpy")
+        print("RESULT", spec, "PASSED", flush=True)
+    except ValueError as exc:
+        print("RESULT", spec, "ValueError", exc, flush=True)
 """
 
 
-def _array_api_check(estimator):
-    """``check_array_api_input`` in a subprocess with ``SCIPY_ARRAY_API=1`` (scikit-learn
-    skips it without that variable, which must be set before scipy is imported; setting it
-    for the whole suite would change scipy for every test). Both pass (DirichletProcessMixture
-    since its default family standardises the columns and shrinks the covariance: before, on
+def _spec(estimator) -> str:
+    return f"{type(estimator).__name__}:{getattr(estimator, 'method', '')}"
+
+
+@functools.lru_cache(maxsize=1)
+def _array_api_results() -> dict:
+    """``check_array_api_input`` of the three estimators, in one subprocess with
+    ``SCIPY_ARRAY_API=1`` (scikit-learn skips it without that variable, which must be set
+    before scipy is imported; setting it for the whole suite would change scipy for every
+    test): ``{spec: "PASSED" or the error}``. All pass (DirichletProcessMixture since its
+    default family standardises the columns and shrinks the covariance: before, on
     make_classification's collinear columns in float32, it raised)."""
     import os
     import subprocess
@@ -55,16 +65,25 @@ def _array_api_check(estimator):
 
     env = dict(os.environ, SCIPY_ARRAY_API="1", JAX_PLATFORMS="cpu")
     env.pop("JAX_ENABLE_X64", None)
-    name = type(estimator).__name__
-    method = getattr(estimator, "method", "")
-    out = subprocess.run([sys.executable, "-c", _ARRAY_API, name, method], env=env, capture_output=True,
-                         text=True, timeout=600).stdout.strip().splitlines()
-    assert out[-1] == "PASSED", out
+    specs = [_spec(e) for e in ESTIMATORS]
+    out = subprocess.run([sys.executable, "-c", _ARRAY_API, *specs], env=env, capture_output=True,
+                         text=True, timeout=600)
+    results = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            _, spec, result = line.split(" ", 2)
+            results[spec] = result
+    assert set(results) == set(specs), (out.stdout[-2000:], out.stderr[-3000:])
+    return results
+
+
+def _array_api_check(estimator):
+    assert _array_api_results()[_spec(estimator)] == "PASSED", _array_api_results()
 
 
 # the checks fit on random noise too, where one cluster is the right answer (and MAP-DP warns)
 @pytest.mark.filterwarnings("ignore::jaxbnp.errors.SingleClusterWarning")
-@parametrize_with_checks([bnp.MAPDP(), DPM, PLATE], expected_failed_checks=lambda est: EXPECTED)
+@parametrize_with_checks(list(ESTIMATORS), expected_failed_checks=lambda est: EXPECTED)
 def test_check_estimator(estimator, check):
     if getattr(check, "func", check).__name__ == "check_array_api_input":
         return _array_api_check(estimator)
