@@ -42,9 +42,9 @@ export JAXBNP_CACHE_DIR="$(mktemp -d)"  # an empty persistent cache: "first" is 
 if [ "$DRY" = 1 ]; then
   export JAX_PLATFORMS=cpu
   PY="${PYTHON:-python}"
-  CAPS="env:20 gibbs:60 mapdp:60 subcluster:60 chains:90 ddt:60 auxiliary:60"
   DRY_LANE_1="chains:90 gibbs:60 ddt:60"  # the parts after env, in two lanes (below)
   DRY_LANE_2="mapdp:60 subcluster:60 auxiliary:60"
+  CAPS="env:20 $DRY_LANE_1 $DRY_LANE_2"
   DRYFLAG=--dry-run
 else
   DRYFLAG=

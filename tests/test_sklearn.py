@@ -93,7 +93,7 @@ def test_check_estimator(estimator, check):
 X = np.r_[np.random.default_rng(0).normal(-4.0, 1.0, (40, 2)), np.random.default_rng(1).normal(4.0, 1.0, (40, 2))]
 
 
-@pytest.mark.parametrize("estimator", [bnp.MAPDP(), DPM, PLATE],
+@pytest.mark.parametrize("estimator", list(ESTIMATORS),
                          ids=["MAPDP", "DirichletProcessMixture", "DirichletProcessMixture-auxiliary"])
 def test_pipeline_grid_search_clone_pickle(estimator):
     pipe = make_pipeline(StandardScaler(), clone(estimator)).fit(X)
