@@ -21,12 +21,15 @@ and how many came from the persistent cache (``jax.monitoring`` events). Interpr
 and imports are not in the times. XLA's default flags, float32.
 
 The persistent cache cannot keep a program that holds a host callback (JAX refuses to
-write those): the NumPyro kernels' overflow check (``host_overflow_check=True``, a callback
-that raises ``CapacityError`` at once when ``capacity < n``) and tgMCMC's host trees
-(``trees="host"``) put one in; ``capacity=n`` (no check needed) or
-``host_overflow_check=False`` (the estimators and the runner) leave it out. The
-``(capacity=n)`` rows show that case. tgMCMC's IBHC start is built on the host before the
-program (``TreeGuidedMCMC.initial_params``), so ``DPM tgmcmc`` is kept by the cache too.
+write those). The NumPyro kernels' overflow check (``host_overflow_check=True``: raise
+``CapacityError`` at once when ``capacity < n`` runs out) is made on the host by
+``get_diagnostics_str`` where NumPyro's progress bar reads every step (these runs: its
+defaults, one chain), and through a host callback in the step otherwise (no progress bar,
+vectorized or parallel chains); ``capacity=n`` (no check needed) or
+``host_overflow_check=False`` (the estimators and the runner) need neither. tgMCMC's host
+trees (``trees="host"``) hold a callback; its IBHC start is built on the host before the
+program (``TreeGuidedMCMC.initial_params``). ``AuxiliaryGibbs`` runs a Normal likelihood
+with its means in a plate of 32 slots.
 
 Results: ``benchmarks/results/compile.json`` and ``compile.md`` (``--out-name`` to change).
 
@@ -49,13 +52,14 @@ import tempfile
 from harness import RESULTS, machine_info, write_json, write_lines
 
 ENTRIES = ("CollapsedGibbs", "SplitMerge", "TreeGuidedMCMC", "SubClusterMCMC",
-           "SubClusterMCMC (capacity=n)", "DPM gibbs", "DPM subcluster", "DPM tgmcmc", "MAPDP",
+           "SubClusterMCMC (capacity=n)", "AuxiliaryGibbs", "DPM gibbs", "DPM subcluster", "DPM tgmcmc", "MAPDP",
            "MAPDP (new size)")
 
 _CHILD = r"""
 import json, sys, time
 from collections import Counter
 import jax, jax.monitoring as monitoring, numpyro
+import numpyro.distributions as dist
 import jaxbnp as bnp
 from numpyro.infer import MCMC
 
@@ -72,6 +76,11 @@ family = bnp.NormalWishart.from_data(X)
 def model(X):
     z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
     numpyro.sample("X", bnp.ConjugateMixture(family, z), obs=X)
+def plate_model(X):
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+    with numpyro.plate("clusters", 32):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 3.0).expand([X.shape[1]]).to_event(1))
+    numpyro.sample("X", dist.Normal(mu[z], 0.5).to_event(1), obs=X)
 
 name = sys.argv[1]
 bnp.enable_compilation_cache(True)
@@ -91,6 +100,7 @@ def once():
         "TreeGuidedMCMC": lambda: bnp.TreeGuidedMCMC(model),
         "SubClusterMCMC": lambda: bnp.SubClusterMCMC(model),
         "SubClusterMCMC (capacity=n)": lambda: bnp.SubClusterMCMC(model, capacity=X.shape[0]),
+        "AuxiliaryGibbs": lambda: bnp.AuxiliaryGibbs(plate_model),
     }[name]
     global mcmc
     if mcmc is None:  # one MCMC object, NumPyro's defaults (progress bar on): a second run reuses
@@ -113,7 +123,8 @@ print("RESULT " + json.dumps(out))
 
 def _child(name: str, runs: int, cache: str) -> list:
     env = dict(os.environ, JAXBNP_CACHE_DIR=cache, JAXBNP_PROGRESS="0", JAX_PLATFORMS="cpu")
-    for var in ("XLA_FLAGS", "JAX_ENABLE_X64", "JAXBNP_COMPILATION_CACHE"):
+    # CI and PYTEST_XDIST_WORKER turn NumPyro's progress bar off: a user's defaults here
+    for var in ("XLA_FLAGS", "JAX_ENABLE_X64", "JAXBNP_COMPILATION_CACHE", "CI", "PYTEST_XDIST_WORKER"):
         env.pop(var, None)
     # run outside the checkout, so that PYTHONPATH (another checkout) decides which jaxbnp
     with tempfile.TemporaryDirectory() as cwd:

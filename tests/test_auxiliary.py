@@ -89,6 +89,35 @@ def test_a_full_plate_raises_capacity_error_naming_it():
         _run(bnp.AuxiliaryGibbs(small), jax.random.key(0))
 
 
+@pytest.mark.parametrize("kernel", ["AuxiliaryGibbs", "SliceGibbs"])
+@pytest.mark.parametrize("progress_bar", [True, False], ids=["progress-bar", "no-progress-bar"])
+def test_a_full_plate_raises_with_or_without_a_callback(kernel, progress_bar, monkeypatch):
+    """NumPyro's progress bar reads every step's state on the host: there the step holds no
+    overflow callback and ``get_diagnostics_str`` raises ``CapacityError``; without the bar
+    the step's callback raises (callbacks counted, both ways)."""
+    from jaxbnp.inference.partition import auxiliary, slice_gibbs
+
+    calls = []
+    for module in (auxiliary, slice_gibbs):
+        real = module.raise_capacity_error_if
+        monkeypatch.setattr(module, "raise_capacity_error_if",
+                            lambda *a, real=real, **k: (calls.append(1), real(*a, **k))[1])
+
+    def small(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(5.0), X.shape[0]))
+        with numpyro.plate("slots", 2):
+            rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+        numpyro.sample("X", dist.Poisson(rate[z]), obs=X)
+
+    mcmc = MCMC(getattr(bnp, kernel)(small), num_warmup=20, num_samples=30)
+    mcmc.progress_bar = progress_bar  # NumPyro turns it off under pytest-xdist and CI
+    with pytest.raises(Exception, match="plate 'slots'") as err:
+        mcmc.run(jax.random.key(0), X)
+    assert bool(calls) != progress_bar
+    if progress_bar:
+        assert err.type is bnp.CapacityError
+
+
 def _no_plate(X):
     z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
     rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))

@@ -168,6 +168,84 @@ def test_capacity_overflow_raises_clear_error(num_chains):
         mcmc.run(jax.random.key(0), X)
 
 
+def _crowded_model(X, alpha=1000.0):  # far apart points and a huge alpha: many clusters at once
+    z = numpyro.sample("z", bnp.Partition(bnp.DP(alpha), X.shape[0]))
+    numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(0.0, 0.01, 2.0, 0.01), z), obs=X)
+
+
+def _mcmc(kernel, progress_bar=True, **settings):
+    """NumPyro's ``MCMC`` with its progress bar as asked (NumPyro turns it off where ``CI`` or
+    ``PYTEST_XDIST_WORKER`` is set, as in this suite)."""
+    mcmc = MCMC(kernel, **settings)
+    mcmc.progress_bar = progress_bar
+    return mcmc
+
+
+MODES = {  # NumPyro's MCMC settings -> whether the step itself holds the overflow callback
+    "progress-bar": (dict(progress_bar=True), False),
+    "progress-bar-sequential": (dict(progress_bar=True, num_chains=2, chain_method="sequential"), False),
+    "no-progress-bar": (dict(progress_bar=False), True),
+    "vectorized": (dict(progress_bar=True, num_chains=2, chain_method="vectorized"), True),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_overflow_raises_in_every_mode_and_the_progress_bar_needs_no_callback(mode, monkeypatch):
+    """Where NumPyro's progress bar reads every step's state on the host (one chain at a time),
+    ``get_diagnostics_str`` raises ``CapacityError`` and the step holds no host callback (so
+    JAX's persistent cache can keep the loop); elsewhere the step's callback raises.
+    Power: the callbacks traced are counted, both ways."""
+    from jaxbnp.inference.partition import kernels
+
+    calls = []
+    real = kernels.raise_capacity_error_if
+    monkeypatch.setattr(kernels, "raise_capacity_error_if",
+                        lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    settings, in_program = MODES[mode]
+    X = np.random.default_rng(0).normal(size=(40, 1)) * 30.0
+    mcmc = _mcmc(bnp.CollapsedGibbs(_crowded_model, capacity=4), num_warmup=2, num_samples=2, **settings)
+    with pytest.raises(Exception, match="all 4 cluster slots are in use.*larger capacity") as err:
+        mcmc.run(jax.random.PRNGKey(0), X)
+    assert bool(calls) == in_program
+    if not in_program:  # raised on the host: the error itself, not XLA's wrapper of it
+        assert err.type is bnp.CapacityError
+
+
+def test_overflow_raises_after_the_progress_bar_is_turned_off():
+    """The state records where its overflow is raised (a leafless field, so the two are two
+    tree structures): a program traced for the progress bar is never reused without it, for
+    the same ``MCMC`` with its bar turned off, or for a state carried to another ``MCMC``."""
+    X = np.random.default_rng(0).normal(size=(40, 1)) * 30.0
+    kernel = bnp.CollapsedGibbs(_crowded_model, capacity=4)
+    mcmc = _mcmc(kernel, num_warmup=0, num_samples=1, progress_bar=True)
+    mcmc.run(jax.random.PRNGKey(5), X, 1e-30)  # one cluster: no overflow
+    assert mcmc.last_state.overflow_on_host == () and int(mcmc.last_state.num_clusters) == 1
+    state = mcmc.last_state
+    mcmc.progress_bar = False
+    with pytest.raises(Exception, match="cluster slots are in use"):
+        mcmc.run(jax.random.PRNGKey(0), X)
+    other = _mcmc(kernel, num_warmup=0, num_samples=3, progress_bar=False)
+    other.post_warmup_state = state
+    with pytest.raises(Exception, match="cluster slots are in use"):
+        other.run(jax.random.PRNGKey(0), X)
+
+
+def test_the_progress_bar_does_not_change_the_draws():
+    X = jnp.asarray(_data(30, 2))
+    family = bnp.NormalWishart(np.zeros(2), 0.5, 4.0, np.eye(2))
+
+    def model(X):
+        z = numpyro.sample("z", bnp.Partition(bnp.DP(1.0), X.shape[0]))
+        numpyro.sample("X", bnp.ConjugateMixture(family, z), obs=X)
+
+    draws = []
+    for bar in (True, False):
+        mcmc = _mcmc(bnp.SubClusterMCMC(model, capacity=8), num_warmup=3, num_samples=4, progress_bar=bar)
+        mcmc.run(jax.random.key(3), X)
+        draws.append(np.asarray(mcmc.get_samples()["z"]))
+    np.testing.assert_array_equal(*draws)
+
+
 def test_statistics_stay_consistent_with_labels():
     X = jnp.asarray(_data(30, 3))
     family = bnp.NormalWishart(np.zeros(3), 0.5, 5.0, np.eye(3))

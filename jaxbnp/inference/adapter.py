@@ -12,18 +12,21 @@ model; every error names the user's kernel (``type(kernel).__name__``)."""
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpyro.util
 from numpyro.handlers import seed, substitute, trace
-from numpyro.infer.mcmc import MCMCKernel
+from numpyro.infer.mcmc import MCMC, MCMCKernel
+from numpyro.util import is_prng_key
 
 from .._random import typed_key
 from .base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
 
 __all__ = ["DiscreteSiteKernel", "sample_sites", "trace_model", "check_init_params",
-           "AlgorithmKernel", "AlgorithmState"]
+           "AlgorithmKernel", "AlgorithmState", "numpyro_reads_every_step", "is_traced"]
 
 
 def trace_model(model: Callable, z: dict, model_args, model_kwargs,
@@ -58,6 +61,57 @@ def check_init_params(init_params: dict, model_trace, owner: str) -> None:
             f"{owner}: init_params names {unknown}, which the model has no site for; its latent "
             f"sites are {latent}."
         )
+
+
+#: the code objects of NumPyro's sampling loop and of the method that calls it, recognised on
+#: the call stack by :func:`numpyro_reads_every_step` (constants, not state)
+_LOOP_CODE = numpyro.util.fori_collect.__code__
+_CHAIN_CODE = MCMC._single_chain_mcmc.__code__
+
+
+def numpyro_reads_every_step(kernel, rng_key=None) -> bool:
+    """Whether NumPyro's ``MCMC`` drives ``kernel`` in the mode where it calls
+    ``kernel.get_diagnostics_str(state)`` on the host after every step: ``kernel`` is the
+    ``MCMC``'s own sampler (not a block of ``numpyro.infer.Gibbs``), its progress bar is on,
+    and its loop runs one chain at a time with a single key (one chain, or
+    ``chain_method="sequential"``; vectorized and parallel chains are never shown).
+
+    Then a kernel can check its state there (e.g. raise ``CapacityError`` on an overflow)
+    instead of through a host callback inside the step, which would keep JAX's persistent
+    compilation cache from writing NumPyro's loop. Called from the kernel's ``init``
+    (``rng_key``: the key it got), or while its ``sample`` is traced (``rng_key=None``): then
+    NumPyro's loop (``numpyro.util.fori_collect``) must be on the stack, building the program
+    that its progress bar's Python loop calls, with a diagnostics function. Read from
+    NumPyro's frames on the stack; anything else (another caller, another NumPyro) answers
+    ``False``, so the caller keeps its callback."""
+    frame, loop = sys._getframe(1), None
+    for _ in range(500):  # JAX's tracing machinery lies between the loop and the kernel
+        if frame is None:
+            return False
+        if frame.f_code is _LOOP_CODE and loop is None:
+            loop = frame.f_locals
+        elif frame.f_code is _CHAIN_CODE:
+            chain = frame.f_locals
+            break
+        frame = frame.f_back
+    else:
+        return False
+    mcmc = chain.get("self")
+    if not isinstance(mcmc, MCMC) or mcmc.sampler is not kernel or not mcmc.progress_bar:
+        return False
+    key = chain.get("rng_key")
+    if key is None or isinstance(key, jax.core.Tracer) or not is_prng_key(key):
+        return False
+    if rng_key is not None:  # from init: NumPyro's loop to come (fori_collect's num_chains)
+        parallel = callable(mcmc.chain_method) or mcmc.chain_method == "parallel"
+        return not (parallel and mcmc.num_chains > 1) and is_prng_key(rng_key)
+    return (loop is not None and loop.get("progbar") is True and loop.get("num_chains") == 1
+            and loop.get("diagnostics_fn") is not None)
+
+
+def is_traced(*trees) -> bool:
+    """Whether any leaf of ``trees`` is a JAX tracer (a call under ``jit``, ``vmap``, ...)."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(trees))
 
 
 class DiscreteSiteKernel(MCMCKernel):

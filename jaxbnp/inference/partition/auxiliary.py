@@ -54,9 +54,9 @@ from ..._random import typed_key
 from ..._validation import check_labels
 from ...models.distributions import ConjugateMixture, Partition
 from ...models.measures import DP, PitmanYor
-from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
+from ..adapter import DiscreteSiteKernel, numpyro_reads_every_step, sample_sites, trace_model
 from ..base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
-from .clusters import canonical_labels, raise_capacity_error_if, slot_order
+from .clusters import canonical_labels, raise_capacity_error_if, raise_capacity_error_on_host, slot_order
 from .kernels import fill_partition_site
 from .launch import launch_split_merge
 from .slot_params import (choose_slots, flat_layout, flatten_slots, slot_counts, slot_log_density,
@@ -535,7 +535,8 @@ SPLIT_MERGE_PROPOSALS = ("given", "launch")
 class AuxiliaryGibbsState(NamedTuple):
     """z: the kernel's sites by name (the partition, the cluster parameters it owns);
     log_joint: ``log p(X, Pi, theta)`` after the step; num_clusters: ``K``; num_accepted: splits
-    and merges accepted in the step; overflow: sticky."""
+    and merges accepted in the step; overflow: sticky; overflow_on_host: where ``CapacityError``
+    is raised, as in :class:`~jaxbnp.inference.partition.kernels.PartitionKernelState`."""
 
     z: dict
     log_joint: jax.Array
@@ -543,6 +544,7 @@ class AuxiliaryGibbsState(NamedTuple):
     num_accepted: jax.Array
     overflow: jax.Array
     rng_key: jax.Array
+    overflow_on_host: tuple | None = None
 
 
 class AuxiliaryGibbs(DiscreteSiteKernel):
@@ -652,6 +654,8 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
                                  f"'{spec.plate}' has {spec.capacity} slots.")
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        # where an overflow is raised (NumPyro's progress bar, or a callback in the step)
+        on_host = self.host_overflow_check and numpyro_reads_every_step(self, rng_key)
         rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
         auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         init_params = dict(init_params or {})
@@ -710,7 +714,7 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
                 sample_one, state, args, kwargs, in_axes=(0, None, None), how=how)
         else:
             self._sample_fn = sample_one
-        return state
+        return state._replace(overflow_on_host=() if on_host else None)
 
     def _kernel_state(self, spec, state: AuxiliaryState, key, args, kwargs, overflow, info=None):
         """The kernel's state from the algorithm's; ``info`` (after a step) holds the log
@@ -733,12 +737,14 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         leaves in the state; :func:`jaxbnp.inference.runner.run` then grows the plate)."""
         return bool(np.any(np.asarray(state.overflow)))
 
-    def _raise_on_overflow(self, spec, overflow):
+    def _raise_on_overflow(self, spec, overflow, on_host=False):
+        """``CapacityError`` if ``overflow`` is set: at once on the host (``on_host``, a concrete
+        flag), or from inside a program through one host callback."""
         if not self.host_overflow_check:
             return
         if spec.capacity < spec.num_points:  # else a free slot always exists: no host callback
-            raise_capacity_error_if(overflow, spec.capacity,
-                                    f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)")
+            raise_ = raise_capacity_error_on_host if on_host else raise_capacity_error_if
+            raise_(overflow, spec.capacity, f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)")
 
     def _sample_one(self, spec, s: AuxiliaryGibbsState, args, kwargs):
         key, k_step = jax.random.split(s.rng_key)
@@ -750,11 +756,14 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
 
     def sample(self, state, model_args, model_kwargs):
         new = self._sample_fn(state, model_args, model_kwargs)
-        # here, not per chain: one host callback per iteration for a batch of chains (on a few
-        # points a callback costs about as much as a chain's iteration: SliceGibbs, 6 points,
-        # 32 slots, 8 chains, 9.3 -> 5.5 ms per iteration)
-        self._raise_on_overflow(self._spec, jnp.any(new.overflow))
-        return new
+        # NumPyro's progress bar reads every step's state on the host: get_diagnostics_str
+        # raises there, and the program holds no callback (JAX's persistent cache keeps it)
+        if state.overflow_on_host is None or not numpyro_reads_every_step(self):
+            # here, not per chain: one host callback per iteration for a batch of chains (on a
+            # few points a callback costs about as much as a chain's iteration: SliceGibbs, 6
+            # points, 32 slots, 8 chains, 9.3 -> 5.5 ms per iteration)
+            self._raise_on_overflow(self._spec, jnp.any(new.overflow))
+        return new._replace(overflow_on_host=state.overflow_on_host)
 
     def refresh(self, state, model_args, model_kwargs):
         """The cached log joint and parameters against the current conditioning values (the
@@ -765,7 +774,8 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
             params = ClusterModel(self._model, spec, model_args, model_kwargs).params(s.z)
             state = self._algorithm_state(spec, s, params)
             return self._kernel_state(spec, state, s.rng_key, model_args, model_kwargs,
-                                      s.overflow)._replace(num_accepted=s.num_accepted)
+                                      s.overflow)._replace(num_accepted=s.num_accepted,
+                                                           overflow_on_host=s.overflow_on_host)
 
         if jnp.ndim(state.log_joint):
             return run_chains(one, state, in_axes=(0,), how="vmap")
@@ -776,4 +786,7 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         return ("z",)
 
     def get_diagnostics_str(self, state):
+        """The progress bar's text; first, ``CapacityError`` if a chain ran out of slots (when
+        NumPyro's progress bar calls this after every step, the step itself does not check)."""
+        self._raise_on_overflow(self._spec, state.overflow, on_host=True)
         return f"K={int(np.max(np.asarray(state.num_clusters)))}"

@@ -44,6 +44,7 @@ __all__ = [
     "CapacityError",
     "raise_if_overflow",
     "raise_capacity_error_if",
+    "raise_capacity_error_on_host",
     "start_labels",
 ]
 
@@ -172,7 +173,9 @@ def canonical_labels(labels: jax.Array, capacity: int) -> jax.Array:
     return slot_order(labels, capacity)[1]
 
 
-def _raise_overflow(flag, capacity, hint=None, reason=None):
+def raise_capacity_error_on_host(flag, capacity, hint=None, reason=None) -> None:
+    """On the host: raise ``CapacityError`` if ``flag`` (array-like) is set anywhere (the message
+    of :func:`raise_capacity_error_if`)."""
     if np.any(np.asarray(flag)):
         capacity = int(np.asarray(capacity).reshape(-1)[0])
         reason = (reason or "all {capacity} cluster slots are in use and the sampler needed a new "
@@ -192,7 +195,7 @@ def raise_capacity_error_if(flag: jax.Array, capacity: int, hint: str | None = N
 
     from jax.experimental import io_callback
 
-    io_callback(partial(_raise_overflow, hint=hint, reason=reason), None, flag,
+    io_callback(partial(raise_capacity_error_on_host, hint=hint, reason=reason), None, flag,
                 jnp.asarray(capacity, jnp.int32), ordered=False)
 
 

@@ -52,13 +52,13 @@ from ..._random import typed_key
 from ..._validation import check_data, check_int, check_labels
 from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ...models.measures import DP, NGGP
-from ..adapter import DiscreteSiteKernel, sample_sites, trace_model
+from ..adapter import DiscreteSiteKernel, is_traced, numpyro_reads_every_step, sample_sites, trace_model
 from ..base import CHAIN_BATCHING, run_chains
 from . import gibbs as gibbs_core
 from . import hyperparameters, moves, subcluster
 from .clusters import (
     ClusterState, PartitionState, canonical_labels, cluster_log_joint, clusters_from_labels,
-    raise_capacity_error_if, raise_if_overflow,
+    raise_capacity_error_if, raise_capacity_error_on_host, raise_if_overflow,
 )
 from .moves import Move
 
@@ -198,6 +198,12 @@ class PartitionKernelState(NamedTuple):
         (the tgMCMC paper's "average log acceptance ratio"; 0 when none; proposals
         with ``r = 0``, e.g. a tree-guided merge that cannot be split back, are
         counted in ``num_proposed`` but left out of the mean).
+    overflow_on_host: ``()`` when ``CapacityError`` is raised on the host by
+        ``get_diagnostics_str``, which NumPyro's ``MCMC`` calls after every step in the
+        run that ``init`` started (its progress bar on, one chain at a time; see
+        :func:`~jaxbnp.inference.adapter.numpyro_reads_every_step`), else ``None``: then
+        the step raises it through a host callback. A pytree node without leaves: the two
+        cases are two tree structures, so JAX never reuses the program of one for the other.
     """
 
     z: dict
@@ -210,6 +216,7 @@ class PartitionKernelState(NamedTuple):
     num_accepted: jax.Array
     num_proposed: jax.Array
     mean_log_accept: jax.Array
+    overflow_on_host: tuple | None = None
 
 
 #: The state of :class:`CollapsedGibbs` (the same fields as every partition kernel).
@@ -329,6 +336,8 @@ class PartitionKernel(DiscreteSiteKernel):
 
     # -- MCMCKernel API -----------------------------------------------------------------
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        # where an overflow is raised (NumPyro's progress bar, or a callback in the step)
+        on_host = self.host_overflow_check and numpyro_reads_every_step(self, rng_key)
         rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
         auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         self._spec, hyper0 = self._setup(init_params, model_args, model_kwargs)
@@ -336,9 +345,12 @@ class PartitionKernel(DiscreteSiteKernel):
         batched = not is_prng_key(rng_key)
         spec, move = self._spec, self._move
         self._check_init_labels(init_params, spec)
+        # an eager init checks its start on the host below: its program holds no callback
+        # (JAX's persistent cache can keep it); a traced one (parallel chains) checks inside
+        eager = not is_traced(rng_key, init_params, model_args, model_kwargs)
 
         def init_one(key, params, hyper, args, kwargs):
-            return self._init_one(key, params, hyper, spec, move, args, kwargs)
+            return self._init_one(key, params, hyper, spec, move, args, kwargs, check=not eager)
 
         def sample_one(state, args, kwargs):
             return self._sample_one(state, spec, move, args, kwargs)
@@ -346,7 +358,7 @@ class PartitionKernel(DiscreteSiteKernel):
         # one compiled program (op by op, the start compiled a hundred small ones)
         # kept on the kernel: a second MCMC.run of the same shape compiles nothing
         static = (spec, move, batched, self.capacity_for(spec.num_points), self.host_overflow_check,
-                  self._init_strategy, tuple(sorted(init_params)))
+                  eager, self._init_strategy, tuple(sorted(init_params)))
         if batched:  # NumPyro's vectorized chains: a leading chain axis (base.run_chains)
             axes = {k: 0 for k in init_params}
 
@@ -363,7 +375,9 @@ class PartitionKernel(DiscreteSiteKernel):
             state = call_cached(self, "init", static, init_one, rng_key, init_params, hyper0,
                                 model_args=model_args, model_kwargs=model_kwargs)
             self._sample_fn = sample_one
-        return state
+        if eager:
+            self._raise_on_overflow(spec, state.clusters, on_host=True)
+        return state._replace(overflow_on_host=() if on_host else None)
 
     def _check_init_labels(self, init_params, spec):
         """Given initial labels must fit the capacity (checked on the host, before compiling)."""
@@ -380,7 +394,7 @@ class PartitionKernel(DiscreteSiteKernel):
                     f"but capacity is {capacity}; pass capacity >= that."
                 )
 
-    def _init_one(self, key, params, hyper0, spec, move, model_args, model_kwargs):
+    def _init_one(self, key, params, hyper0, spec, move, model_args, model_kwargs, check=True):
         n = spec.num_points
         capacity = self.capacity_for(n)
         cid = chain_id(key)
@@ -403,7 +417,8 @@ class PartitionKernel(DiscreteSiteKernel):
         overflow = labels.max() >= capacity
         labels = jnp.where(labels < capacity, labels, 0)
         clusters = clusters_from_labels(family, X, labels, capacity, overflow)
-        self._raise_on_overflow(spec, clusters)
+        if check:
+            self._raise_on_overflow(spec, clusters)
         z[spec.partition_site] = labels
         if spec.u_site is not None and spec.u_site not in params and measure.has_auxiliary:
             # u at its conditional mode given the initial partition (NGGP.u_mode)
@@ -436,12 +451,16 @@ class PartitionKernel(DiscreteSiteKernel):
     def _validate_trace(self, model_trace, spec: ModelSpec) -> None:
         """Hook: subclasses reject models they cannot handle (called before anything compiles)."""
 
-    def _raise_on_overflow(self, spec, clusters):
-        """``CapacityError`` on the host if ``clusters`` (one chain's, or a batch's) ran out of
-        slots: one host callback, only when the capacity is below ``n`` (else a free slot
-        always exists) and the runner has not turned the check off."""
+    def _raise_on_overflow(self, spec, clusters, on_host=False):
+        """``CapacityError`` if ``clusters`` (one chain's, or a batch's) ran out of slots, only
+        when the capacity is below ``n`` (else a free slot always exists) and the runner has
+        not turned the check off: at once on the host (``on_host``, concrete ``clusters``), or
+        from inside a program through one host callback."""
         if clusters.capacity < spec.num_points and self.host_overflow_check:
-            raise_capacity_error_if(jnp.any(clusters.overflow), clusters.capacity)
+            if on_host:
+                raise_capacity_error_on_host(clusters.overflow, clusters.capacity)
+            else:
+                raise_capacity_error_if(jnp.any(clusters.overflow), clusters.capacity)
 
     def _sample_one(self, state, spec, move, model_args, model_kwargs):
         measure, family, X, u, priors = self._read(state.z, model_args, model_kwargs)
@@ -469,10 +488,13 @@ class PartitionKernel(DiscreteSiteKernel):
 
     def sample(self, state, model_args, model_kwargs):
         new = self._sample_fn(state, model_args, model_kwargs)
-        # here, not per chain: one host callback per iteration for a batch of chains (on a few
-        # points a callback costs about as much as a chain's iteration)
-        self._raise_on_overflow(self._spec, new.clusters)
-        return new
+        # NumPyro's progress bar reads every step's state on the host: get_diagnostics_str
+        # raises there, and the program holds no callback (JAX's persistent cache keeps it)
+        if state.overflow_on_host is None or not numpyro_reads_every_step(self):
+            # here, not per chain: one host callback per iteration for a batch of chains (on a
+            # few points a callback costs about as much as a chain's iteration)
+            self._raise_on_overflow(self._spec, new.clusters)
+        return new._replace(overflow_on_host=state.overflow_on_host)
 
     def refresh(self, state, model_args, model_kwargs):
         """Recompute the cached log joint against the current conditioning values.
@@ -490,6 +512,11 @@ class PartitionKernel(DiscreteSiteKernel):
         return one(state)
 
     def get_diagnostics_str(self, state):
+        """The progress bar's text; first, ``CapacityError`` if a chain ran out of slots (when
+        NumPyro's progress bar calls this after every step, the step itself does not check:
+        :attr:`PartitionKernelState.overflow_on_host`)."""
+        if self.host_overflow_check:
+            raise_capacity_error_on_host(state.clusters.overflow, state.clusters.capacity)
         text = f"K={int(np.max(np.asarray(state.num_clusters)))}"
         if not self.show_acceptance:
             return text
@@ -545,12 +572,16 @@ class CollapsedGibbs(PartitionKernel):
     ``"num_clusters"`` can be collected with ``MCMC.run(..., extra_fields=...)``.
 
     Attribute ``host_overflow_check`` (default ``True``): a step that needs more
-    than ``capacity`` clusters raises ``CapacityError`` at once, through a host
-    callback. Set it to ``False`` to leave that to the caller: the flag
-    ``state.clusters.overflow`` is then sticky, and a run whose
-    ``mcmc.last_state.clusters.overflow`` is set must be discarded and
-    repeated with a larger capacity (what the ``jaxbnp`` CLI does). Programs
-    without a host callback can be kept by JAX's persistent compilation cache.
+    than ``capacity`` clusters raises ``CapacityError`` at once. Under NumPyro's
+    ``MCMC`` with its progress bar on and one chain at a time (its defaults, or
+    ``chain_method="sequential"``), the progress bar reads every step's state on the
+    host and ``get_diagnostics_str`` raises there, so the step holds no host callback
+    and JAX's persistent compilation cache can keep the loop for the next process;
+    otherwise (no progress bar, vectorized or parallel chains, a block of
+    ``numpyro.infer.Gibbs``) the step raises through a host callback. Set it to
+    ``False`` to leave that to the caller: the flag ``state.clusters.overflow`` is
+    then sticky, and a run whose ``mcmc.last_state.clusters.overflow`` is set must
+    be discarded and repeated with a larger capacity (what the ``jaxbnp`` CLI does).
     """
 
     show_acceptance = False

@@ -46,7 +46,7 @@ from ..base import SamplingAlgorithm
 from .auxiliary import (DEFAULT_SPLIT_MERGE, AuxiliaryGibbs, ClusterModel, ClusterModelSpec, refresh_empty_slots,
                         renumber_slots, slot_counts, split_choice_log_ratio, split_merge,
                         update_slot_params)
-from .clusters import raise_capacity_error_if
+from .clusters import raise_capacity_error_if, raise_capacity_error_on_host
 
 __all__ = ["SliceGibbs", "SliceGibbsState", "SliceState", "SliceInfo", "algorithm",
            "stick_log_weights", "position_log_prior", "swap_log_ratio", "swap_positions", "slice_labels"]
@@ -234,6 +234,7 @@ class SliceGibbsState(NamedTuple):
     overflow: jax.Array
     sticks: jax.Array
     rng_key: jax.Array
+    overflow_on_host: tuple | None = None
 
 
 class SliceGibbs(AuxiliaryGibbs):
@@ -287,11 +288,11 @@ class SliceGibbs(AuxiliaryGibbs):
     def _algorithm_state(self, spec, s, params):
         return SliceState(s.z[spec.partition_site], params, s.sticks, s.overflow)
 
-    def _raise_on_overflow(self, spec, overflow):
+    def _raise_on_overflow(self, spec, overflow, on_host=False):
         # the weight beyond the plate can reach a slice at any plate size: always checked
         if not self.host_overflow_check:  # the runner reads the flag after the run instead
             return
-        raise_capacity_error_if(
+        (raise_capacity_error_on_host if on_host else raise_capacity_error_if)(
             overflow, spec.capacity,
             f"Enlarge the plate '{spec.plate}' (e.g. twice as many slots)",
             reason="the stick-breaking weight beyond the plate's {capacity} slots exceeds a "
