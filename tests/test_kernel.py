@@ -203,7 +203,8 @@ def test_overflow_raises_in_every_mode_and_the_progress_bar_needs_no_callback(mo
                         lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     settings, in_program = MODES[mode]
     X = np.random.default_rng(0).normal(size=(40, 1)) * 30.0
-    mcmc = _mcmc(bnp.CollapsedGibbs(_crowded_model, capacity=4), num_warmup=2, num_samples=2, **settings)
+    # one iteration, the run's last: the check after it is the one that must raise
+    mcmc = _mcmc(bnp.CollapsedGibbs(_crowded_model, capacity=4), num_warmup=0, num_samples=1, **settings)
     with pytest.raises(Exception, match="all 4 cluster slots are in use.*larger capacity") as err:
         mcmc.run(jax.random.PRNGKey(0), X)
     assert bool(calls) == in_program
