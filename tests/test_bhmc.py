@@ -213,6 +213,31 @@ def test_node_capacity_overflow_raises():
                       num_samples=2, compiler_options=FAST)
 
 
+@pytest.mark.parametrize("progress_bar", [True, False], ids=["progress-bar", "no-progress-bar"])
+def test_the_kernel_raises_when_its_slots_run_out(progress_bar, monkeypatch):
+    """Under NumPyro's ``MCMC`` a chain that runs out of node slots raises ``CapacityError``
+    (it used to stop moving, silently): from the progress bar's check on the host, with no
+    callback in the step, or else from the step's callback (callbacks counted, both ways)."""
+    from jaxbnp.inference.bhmc import kernel as bhmc_kernel
+
+    calls = []
+    real = bhmc_kernel.raise_capacity_error_if
+    monkeypatch.setattr(bhmc_kernel, "raise_capacity_error_if",
+                        lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    X = np.random.default_rng(0).normal(size=(30, 1))
+    h = nested.NestedHDP(depth=2, alpha=50.0, gamma0=1.0, gamma=1.0, Sigma=np.eye(1), Sigma0=np.eye(1))
+    args = (jnp.asarray(X), bhmc.make_model(h),
+            bhmc.BHMCHyper(*(jnp.asarray(v) for v in (h.alpha, h.gamma0, h.gamma))))
+    start = (np.tile([1, 2], (30, 1)), np.zeros(30, int))  # one path: the start fits 6 node slots
+    mcmc = MCMC(bhmc.BHMCKernel(bhmc.BHMCConfig(2, 6, 6)), num_warmup=0, num_samples=3)
+    mcmc.progress_bar = progress_bar  # NumPyro turns it off under pytest-xdist and CI
+    with pytest.raises(Exception, match="node or component slot.*node_capacity=6") as err:
+        mcmc.run(jax.random.key(0), *args, init_params={"start": start})
+    assert bool(calls) != progress_bar
+    if progress_bar:
+        assert err.type is CapacityError
+
+
 def test_node_capacity_grows_by_default():
     """``node_capacity=None`` starts with 64 node slots and doubles them (rerunning from the
     start) when a chain runs out: many small leaves (α = 50) need more than 64."""

@@ -14,7 +14,9 @@ from numpyro.util import is_prng_key
 from ..._cache import auto_enable
 from ..._programs import call_cached
 from ..._random import typed_key
+from ..adapter import is_traced, numpyro_reads_every_step
 from ..base import run_chains
+from ..partition.clusters import raise_capacity_error_if, raise_capacity_error_on_host
 from .model import (
     BHMCConfig,
     BHMCInfo,
@@ -38,7 +40,10 @@ class BHMCKernelState(NamedTuple):
     before the first). rng_key: the chain's run key ``k_run``. chain: ``()``
     int32, the chain's index in its run. iteration: ``()`` int32, steps done.
     num_warmup: ``()`` int32. Step ``i`` uses the key
-    ``fold_in(fold_in(rng_key, i), chain)``.
+    ``fold_in(fold_in(rng_key, i), chain)``. overflow_on_host: ``()`` when ``CapacityError``
+    is raised on the host by ``get_diagnostics_str`` (NumPyro's progress bar), else
+    ``None`` (a callback in the step), as in
+    :class:`~jaxbnp.inference.partition.kernels.PartitionKernelState`.
     """
 
     sample: BHMCState
@@ -48,6 +53,7 @@ class BHMCKernelState(NamedTuple):
     chain: jax.Array
     iteration: jax.Array
     num_warmup: jax.Array
+    overflow_on_host: tuple | None = None
 
 
 class BHMCKernel(MCMCKernel):
@@ -75,8 +81,12 @@ class BHMCKernel(MCMCKernel):
     every ``lax.cond`` of the sweep would run both branches).
 
     A chain whose state has overflowed (a slot was needed while all were used)
-    stops moving, and :meth:`overflowed` says so of a state: the run must be
-    discarded (:func:`fit_bhmc` raises :class:`~jaxbnp.errors.CapacityError`).
+    stops moving and raises :class:`~jaxbnp.errors.CapacityError` at once: on the host
+    from ``get_diagnostics_str`` where NumPyro's progress bar reads every step (one chain
+    at a time), else through a host callback in the step. With the attribute
+    ``host_overflow_check = False`` (what :func:`jaxbnp.inference.runner.run` sets, for
+    :func:`fit_bhmc`, which grows the node slots) nothing is raised, and
+    :meth:`overflowed` says so of a state: the run must be discarded.
     Everything a step needs is in the state or the arguments.
     """
 
@@ -84,6 +94,8 @@ class BHMCKernel(MCMCKernel):
     #: the chains are independent and keep no host-side state: :func:`jaxbnp.inference.runner.run`
     #: may cut them into groups run from threads (``chain_method="threads"``), the same draws
     chains_in_threads = True
+    #: raise ``CapacityError`` when a chain runs out of slots (class docstring)
+    host_overflow_check = True
 
     def __init__(self, config: BHMCConfig):
         if not isinstance(config, BHMCConfig):
@@ -91,6 +103,8 @@ class BHMCKernel(MCMCKernel):
         self.config = config
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        # where an overflow is raised (NumPyro's progress bar, or a callback in the step)
+        on_host = self.host_overflow_check and numpyro_reads_every_step(self, rng_key)
         X, model, hyper = model_args
         params = dict(init_params or {})
         rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
@@ -122,15 +136,37 @@ class BHMCKernel(MCMCKernel):
         # one compiled program, kept on the kernel: a second MCMC.run of the same shape
         # compiles nothing
         static = (config, batched, num_warmup)
-        return call_cached(self, "init", static, program, run_key, chain, start,
-                           model_args=model_args, model_kwargs=model_kwargs)
+        state = call_cached(self, "init", static, program, run_key, chain, start,
+                            model_args=model_args, model_kwargs=model_kwargs)
+        if not is_traced(state):  # a traced start (parallel chains): the first step raises
+            self._raise_on_overflow(state, on_host=True)
+        return state._replace(overflow_on_host=() if on_host else None)
 
     def sample(self, state, model_args, model_kwargs):
         X, model, hyper = model_args
         core = algorithm(X, hyper, model, self.config)  # the pure core, this run's values
         if jnp.ndim(state.iteration) == 0:
-            return self._sample_one(state, X, core)
-        return run_chains(self._sample_one, state, X, core, in_axes=(0, None, None), how="map")
+            new = self._sample_one(state, X, core)
+        else:
+            new = run_chains(self._sample_one, state, X, core, in_axes=(0, None, None), how="map")
+        # NumPyro's progress bar reads every step's state on the host: get_diagnostics_str
+        # raises there, and the program holds no callback (JAX's persistent cache keeps it)
+        if state.overflow_on_host is None or not numpyro_reads_every_step(self):
+            self._raise_on_overflow(new)
+        return new._replace(overflow_on_host=state.overflow_on_host)
+
+    def _raise_on_overflow(self, state: BHMCKernelState, on_host: bool = False) -> None:
+        """``CapacityError`` if a chain of ``state`` ran out of slots (unless the runner turned
+        the check off): at once on the host (``on_host``), or through a host callback."""
+        if not self.host_overflow_check:
+            return
+        config = self.config
+        reason = ("a BHMC move needed a node or component slot while all were in use "
+                  f"(node_capacity={config.node_capacity}, component_capacity={config.component_capacity}).")
+        hint = "Pass a larger node_capacity or component_capacity in the BHMCConfig"
+        flag = state.sample.overflow if on_host else jnp.any(state.sample.overflow)
+        (raise_capacity_error_on_host if on_host else raise_capacity_error_if)(
+            flag, config.node_capacity, hint, reason)
 
     def _sample_one(self, ks: BHMCKernelState, X, core) -> BHMCKernelState:
         key = jax.random.fold_in(jax.random.fold_in(ks.rng_key, ks.iteration), ks.chain)
@@ -148,6 +184,9 @@ class BHMCKernel(MCMCKernel):
         return bool(np.any(np.asarray(state.sample.overflow)))
 
     def get_diagnostics_str(self, state: BHMCKernelState) -> str:
+        """The progress bar's text; first, ``CapacityError`` if a chain ran out of slots (when
+        NumPyro's progress bar calls this after every step, the step itself does not check)."""
+        self._raise_on_overflow(state, on_host=True)
         rate = np.asarray(state.info.num_accepted) / np.maximum(np.asarray(state.info.num_proposed), 1)
         return f"path acceptance {float(np.mean(rate)):.2f}"
 
