@@ -100,6 +100,9 @@ __all__ = [
 _MIN_BATCH = 4
 #: levels below each tree of S whose unions with the inserted tree StocInsert evaluates at once
 PREFETCH_LEVELS = 4
+#: levels below a node whose unions with the inserted tree SeqInsert evaluates at once, when
+#: its memo lacks the node's children (``benchmarks/results/ibhc_prefetch.md``)
+SEQ_INSERT_PREFETCH_LEVELS = 8
 
 
 # ----------------------------------------------------------------------------- batched JAX math
@@ -400,6 +403,11 @@ class TreeModel:
                 memo[masks[k]] = float(v)
         return log_lik, self._log_kappa_table[sizes] + log_lik
 
+    def _in_memo(self, s: Node, others: Sequence[Node]) -> bool:
+        """Whether ``log P`` of ``s ∪ o`` is in the memo for every ``o`` in ``others``."""
+        memo = self._lik_memo
+        return all((o.mask | s.mask) in memo for o in others)
+
     def _union_potentials(self, s: Node, others: Sequence[Node]):
         """``(log P, log φ(h))`` of ``s ∪ o`` for every ``o`` in ``others`` (memo, then one JAX call)."""
         masks = [o.mask | s.mask for o in others]
@@ -498,6 +506,15 @@ class TreeModel:
 
 
 # ----------------------------------------------------------------------------- SeqInsert
+def _levels_below(c: Node, levels: int) -> list[Node]:
+    """The nodes of the ``levels`` levels below ``c``, breadth first (``c``'s children first)."""
+    out, level = [], [c]
+    for _ in range(levels):
+        level = [v for t in level if not t.is_leaf for v in (t.left, t.right)]
+        out += level
+    return out
+
+
 def seq_insert_path(
     model: TreeModel, root: Node, s: Node, top: tuple[float, float] | None = None
 ) -> tuple[Node, list[Node]]:
@@ -528,6 +545,11 @@ def seq_insert_path(
             log_lik, log_h = pending
             pending = None
         else:
+            if not model._in_memo(s, (l, r)):
+                # this level's pair and the levels below it in one call: they land in the
+                # memo, where the next levels find them (a NumPy call costs about 100 µs
+                # whatever its length)
+                model._union_potentials(s, _levels_below(c, SEQ_INSERT_PREFETCH_LEVELS))
             log_lik, log_h = model._union_potentials(s, [l, r])
         log_d_lr = c.log_d
         log_d_ls = l.log_t + s.log_t - log_h[0]
