@@ -22,11 +22,13 @@ from numpyro.handlers import seed, substitute, trace
 from numpyro.infer.mcmc import MCMC, MCMCKernel
 from numpyro.util import is_prng_key
 
+from .._pytree import is_concrete
 from .._random import typed_key
 from .base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
 
 __all__ = ["DiscreteSiteKernel", "sample_sites", "trace_model", "check_init_params",
-           "AlgorithmKernel", "AlgorithmState", "numpyro_reads_every_step", "is_traced"]
+           "AlgorithmKernel", "AlgorithmState", "numpyro_reads_every_step", "step_checks_overflow",
+           "is_traced"]
 
 
 def trace_model(model: Callable, z: dict, model_args, model_kwargs,
@@ -109,9 +111,18 @@ def numpyro_reads_every_step(kernel, rng_key=None) -> bool:
             and loop.get("diagnostics_fn") is not None)
 
 
+def step_checks_overflow(kernel, state) -> bool:
+    """Whether the step being traced from ``state`` must raise an overflow itself (through a
+    host callback): unless ``kernel.init`` started the state for NumPyro's progress bar
+    (``state.overflow_on_host``, e.g. :class:`~jaxbnp.inference.partition.kernels.PartitionKernelState`)
+    and that bar reads this step (:func:`numpyro_reads_every_step`); then the kernel's
+    ``get_diagnostics_str`` raises instead."""
+    return state.overflow_on_host is None or not numpyro_reads_every_step(kernel)
+
+
 def is_traced(*trees) -> bool:
     """Whether any leaf of ``trees`` is a JAX tracer (a call under ``jit``, ``vmap``, ...)."""
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(trees))
+    return not all(is_concrete(x) for x in jax.tree.leaves(trees))
 
 
 class DiscreteSiteKernel(MCMCKernel):

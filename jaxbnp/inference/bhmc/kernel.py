@@ -14,7 +14,7 @@ from numpyro.util import is_prng_key
 from ..._cache import auto_enable
 from ..._programs import call_cached
 from ..._random import typed_key
-from ..adapter import is_traced, numpyro_reads_every_step
+from ..adapter import is_traced, numpyro_reads_every_step, step_checks_overflow
 from ..base import run_chains
 from ..partition.clusters import raise_capacity_error_if, raise_capacity_error_on_host
 from .model import (
@@ -151,7 +151,7 @@ class BHMCKernel(MCMCKernel):
             new = run_chains(self._sample_one, state, X, core, in_axes=(0, None, None), how="map")
         # NumPyro's progress bar reads every step's state on the host: get_diagnostics_str
         # raises there, and the program holds no callback (JAX's persistent cache keeps it)
-        if state.overflow_on_host is None or not numpyro_reads_every_step(self):
+        if step_checks_overflow(self, state):
             self._raise_on_overflow(new)
         return new._replace(overflow_on_host=state.overflow_on_host)
 

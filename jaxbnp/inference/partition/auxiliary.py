@@ -54,7 +54,8 @@ from ..._random import typed_key
 from ..._validation import check_labels
 from ...models.distributions import ConjugateMixture, Partition
 from ...models.measures import DP, PitmanYor
-from ..adapter import DiscreteSiteKernel, numpyro_reads_every_step, sample_sites, trace_model
+from ..adapter import (DiscreteSiteKernel, numpyro_reads_every_step, sample_sites, step_checks_overflow,
+                       trace_model)
 from ..base import CHAIN_BATCHING, SamplingAlgorithm, run_chains
 from .clusters import canonical_labels, raise_capacity_error_if, raise_capacity_error_on_host, slot_order
 from .kernels import fill_partition_site
@@ -758,7 +759,7 @@ class AuxiliaryGibbs(DiscreteSiteKernel):
         new = self._sample_fn(state, model_args, model_kwargs)
         # NumPyro's progress bar reads every step's state on the host: get_diagnostics_str
         # raises there, and the program holds no callback (JAX's persistent cache keeps it)
-        if state.overflow_on_host is None or not numpyro_reads_every_step(self):
+        if step_checks_overflow(self, state):
             # here, not per chain: one host callback per iteration for a batch of chains (on a
             # few points a callback costs about as much as a chain's iteration: SliceGibbs, 6
             # points, 32 slots, 8 chains, 9.3 -> 5.5 ms per iteration)

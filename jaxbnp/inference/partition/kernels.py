@@ -52,7 +52,8 @@ from ..._random import typed_key
 from ..._validation import check_data, check_int, check_labels
 from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ...models.measures import DP, NGGP
-from ..adapter import DiscreteSiteKernel, is_traced, numpyro_reads_every_step, sample_sites, trace_model
+from ..adapter import (DiscreteSiteKernel, is_traced, numpyro_reads_every_step, sample_sites,
+                       step_checks_overflow, trace_model)
 from ..base import CHAIN_BATCHING, run_chains
 from . import gibbs as gibbs_core
 from . import hyperparameters, moves, subcluster
@@ -490,7 +491,7 @@ class PartitionKernel(DiscreteSiteKernel):
         new = self._sample_fn(state, model_args, model_kwargs)
         # NumPyro's progress bar reads every step's state on the host: get_diagnostics_str
         # raises there, and the program holds no callback (JAX's persistent cache keeps it)
-        if state.overflow_on_host is None or not numpyro_reads_every_step(self):
+        if step_checks_overflow(self, state):
             # here, not per chain: one host callback per iteration for a batch of chains (on a
             # few points a callback costs about as much as a chain's iteration)
             self._raise_on_overflow(self._spec, new.clusters)
@@ -515,8 +516,7 @@ class PartitionKernel(DiscreteSiteKernel):
         """The progress bar's text; first, ``CapacityError`` if a chain ran out of slots (when
         NumPyro's progress bar calls this after every step, the step itself does not check:
         :attr:`PartitionKernelState.overflow_on_host`)."""
-        if self.host_overflow_check:
-            raise_capacity_error_on_host(state.clusters.overflow, state.clusters.capacity)
+        self._raise_on_overflow(self._spec, state.clusters, on_host=True)
         text = f"K={int(np.max(np.asarray(state.num_clusters)))}"
         if not self.show_acceptance:
             return text

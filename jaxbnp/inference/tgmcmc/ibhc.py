@@ -95,13 +95,14 @@ __all__ = [
     "detach",
     "copy_tree",
     "forest_labels",
+    "levels_below",
 ]
 
 _MIN_BATCH = 4
 #: levels below each tree of S whose unions with the inserted tree StocInsert evaluates at once
 PREFETCH_LEVELS = 4
-#: levels below a node whose unions with the inserted tree SeqInsert evaluates at once, when
-#: its memo lacks the node's children (``benchmarks/results/ibhc_prefetch.md``)
+#: levels below a node (its children's included) whose unions with the inserted tree SeqInsert
+#: evaluates at once, when its memo lacks the node's children (``benchmarks/results/ibhc_prefetch.md``)
 SEQ_INSERT_PREFETCH_LEVELS = 8
 
 
@@ -403,22 +404,25 @@ class TreeModel:
                 memo[masks[k]] = float(v)
         return log_lik, self._log_kappa_table[sizes] + log_lik
 
-    def _in_memo(self, s: Node, others: Sequence[Node]) -> bool:
-        """Whether ``log P`` of ``s ∪ o`` is in the memo for every ``o`` in ``others``."""
-        memo = self._lik_memo
-        return all((o.mask | s.mask) in memo for o in others)
+    def _union_potentials(self, s: Node, others: Sequence[Node], prefetch_levels: int = 0):
+        """``(log P, log φ(h))`` of ``s ∪ o`` for every ``o`` in ``others`` (memo, then one JAX call).
 
-    def _union_potentials(self, s: Node, others: Sequence[Node]):
-        """``(log P, log φ(h))`` of ``s ∪ o`` for every ``o`` in ``others`` (memo, then one JAX call)."""
+        When the memo lacks one of them, the unions with the nodes of the ``prefetch_levels``
+        levels below ``others`` (:func:`levels_below`) are evaluated in the same call: one
+        NumPy call costs about 100 µs whatever its length, and they land in the memo, where
+        a descent's next levels find them."""
         masks = [o.mask | s.mask for o in others]
         memo = self._lik_memo
         if all(m in memo for m in masks):
             log_lik = np.array([memo[m] for m in masks])
             sizes = np.array([o.size + s.size for o in others], dtype=np.int64)
             return log_lik, self._log_kappa_table[sizes] + log_lik
-        return self._evaluate(
-            [_tree_add(o.stats, s.stats) for o in others], [o.size + s.size for o in others], masks
+        nodes = list(others) + levels_below(others, prefetch_levels)
+        log_lik, log_h = self._evaluate(
+            [_tree_add(o.stats, s.stats) for o in nodes], [o.size + s.size for o in nodes],
+            masks + [o.mask | s.mask for o in nodes[len(masks):]],
         )
+        return log_lik[:len(masks)], log_h[:len(masks)]
 
     def log_kappa(self, sizes: Any) -> np.ndarray:
         """``log κ(m, u)`` for an array of cluster sizes (NumPy float64)."""
@@ -506,9 +510,10 @@ class TreeModel:
 
 
 # ----------------------------------------------------------------------------- SeqInsert
-def _levels_below(c: Node, levels: int) -> list[Node]:
-    """The nodes of the ``levels`` levels below ``c``, breadth first (``c``'s children first)."""
-    out, level = [], [c]
+def levels_below(roots: Sequence[Node], levels: int) -> list[Node]:
+    """The nodes of the ``levels`` levels below ``roots``, breadth first (their children
+    first, in the order of ``roots``)."""
+    out, level = [], list(roots)
     for _ in range(levels):
         level = [v for t in level if not t.is_leaf for v in (t.left, t.right)]
         out += level
@@ -545,12 +550,8 @@ def seq_insert_path(
             log_lik, log_h = pending
             pending = None
         else:
-            if not model._in_memo(s, (l, r)):
-                # this level's pair and the levels below it in one call: they land in the
-                # memo, where the next levels find them (a NumPy call costs about 100 µs
-                # whatever its length)
-                model._union_potentials(s, _levels_below(c, SEQ_INSERT_PREFETCH_LEVELS))
-            log_lik, log_h = model._union_potentials(s, [l, r])
+            # on a memo miss, the levels below the pair in the same call
+            log_lik, log_h = model._union_potentials(s, [l, r], SEQ_INSERT_PREFETCH_LEVELS - 1)
         log_d_lr = c.log_d
         log_d_ls = l.log_t + s.log_t - log_h[0]
         log_d_rs = r.log_t + s.log_t - log_h[1]

@@ -86,6 +86,7 @@ from ..._random import typed_key
 from ..._validation import check_int
 from ...errors import CapacityError
 from ...models.measures import DP, NGGP
+from ..adapter import is_traced
 from ..partition import moves
 from ..partition.clusters import PartitionState, canonical_labels, clusters_from_labels, compact_labels
 from ..partition.kernels import PartitionKernel, chain_id
@@ -303,7 +304,7 @@ class TreeGuidedMCMC(PartitionKernel):
         if self._init not in ("ibhc", "noisy"):
             return params
         keys = typed_key(rng_key)
-        if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((keys, params, model_args, model_kwargs))):
+        if is_traced(keys, params, model_args, model_kwargs):
             raise _Traced
         self._spec, hyper0 = self._setup(params, model_args, model_kwargs)  # as init sets it
         spec = self._spec

@@ -125,14 +125,9 @@ def _stoc_insert_log_probs(model: TreeModel, trees: Sequence[Node], c: Node):
     if len({id(t) for t in trees}) != len(trees):
         raise ValueError("S contains the same tree twice.")
     # the unions with the nodes of each tree's top levels too, in the same call: they land
-    # in the memo, where the levels of the SeqInsert that follows find them (one NumPy call
-    # costs about 100 µs whatever its length; a descent that goes deeper evaluates the rest)
-    below, level = [], list(trees)
-    for _ in range(PREFETCH_LEVELS):
-        level = [v for t in level if not t.is_leaf for v in (t.left, t.right)]
-        below += level
-    log_lik, log_h = model._union_potentials(c, list(trees) + below)
-    log_lik, log_h = log_lik[:len(trees)], log_h[:len(trees)]
+    # in the memo, where the levels of the SeqInsert that follows find them (a descent that
+    # goes deeper evaluates the rest)
+    log_lik, log_h = model._union_potentials(c, list(trees), PREFETCH_LEVELS)
     log_d = c.log_t + np.array([t.log_t for t in trees], dtype=np.float64) - log_h
     log_w = np.concatenate([-log_d, [0.0]])  # d^-1(c', c) for each c' ∈ S, then 1 for "new"
     return log_w - logsumexp(log_w), log_lik, log_h
