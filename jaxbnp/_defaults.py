@@ -24,7 +24,7 @@ from ._validation import constant_columns
 __all__ = ["METHOD", "NUM_CHAINS", "INIT_CLUSTERS", "ITERATIONS", "PLATE_CAPACITY", "PLATE_METHODS",
            "KERNEL_OPTIONS", "INIT",
            "KMEANS_START", "FREE_SLOTS", "capacity_for_start", "kmeans_starts", "cli_defaults",
-           "standardisation", "default_family", "in_data_units"]
+           "standardisation", "default_family", "full_prior", "in_data_units"]
 
 #: the default method
 METHOD = "splitmerge"
@@ -119,15 +119,33 @@ def standardisation(X) -> tuple[np.ndarray, np.ndarray]:
     return shift, np.where(constant, 1.0, scale)
 
 
+def full_prior(Z):
+    """The full-covariance prior of :func:`default_family` (and of ``jaxbnp cluster --family
+    normal-wishart``, whatever ``n``) on standardised ``Z``:
+    ``NormalWishart.from_data(Z, r=1/n, shrinkage="ledoit-wolf")``, the tgMCMC paper's
+    ``ν = D + 6`` and ``Ψ`` (the Ledoit-Wolf covariance scaled to ``det Ψ = 0.1``; positive
+    definite where columns are constant or collinear) with a vague prior on the means,
+    ``r = 1/n`` (MAP-DP's empirical ``k0``, as in ``MAPDP()``'s prior) instead of ``0.1``.
+
+    Why ``r = 1/n``: a cluster's mean ``μ ~ N(m0, Σ/r)``, and each cluster pays about
+    ``(D/2) log(r_n / r)`` for its mean (docs/mathematics.md §2). With ``r = 0.1`` a cluster
+    is cheap in many dimensions and the samplers cut real groups into many small clusters
+    (split-merge on wine, 178 x 13: K 31 of 3; breast cancer K 22 of 2; Student-t noise K 19
+    of 6); with ``r = 1/n`` they find K 9, 10 and 8 and the same partitions on the sets with
+    well separated clusters (``benchmarks/results/default_prior_r.md``)."""
+    from .models import NormalWishart
+
+    return NormalWishart.from_data(Z, r=1.0 / len(Z), shrinkage="ledoit-wolf")
+
+
 def default_family(Z):
     """The default family of :class:`jaxbnp.DirichletProcessMixture` and ``jaxbnp cluster``
     on standardised data ``Z`` (:func:`standardisation`), chosen by ``MAPDP()``'s rule
     (``jaxbnp.inference.partition.mapdp.default_covariance``):
 
     - ``n >= D (D + 1) / 2`` points (at least as many as a covariance has free entries):
-      ``NormalWishart.from_data(Z, shrinkage="ledoit-wolf")``, the tgMCMC paper's prior with
-      the Ledoit-Wolf covariance, positive definite where columns are constant or collinear,
-      and ``det Ψ = 0.1`` over the columns that vary;
+      :func:`full_prior`, the tgMCMC paper's Normal-Wishart prior with the Ledoit-Wolf
+      covariance and ``r = 1/n``;
     - fewer (``n < D (D + 1) / 2``): the diagonal ``NormalGamma.from_data(Z)`` (per column
       ``m0`` the mean, ``k0 = 0.1``, ``a0 = 2``, ``b0`` the variance: 1 on standardised
       columns). No cluster's covariance is then identified by its own points, and on the
@@ -136,11 +154,11 @@ def default_family(Z):
       (NMI 1.000; ``benchmarks/results/diag_prior.md``). Where the full prior has the points
       it does better (breast cancer, 569 x 30: NMI 0.436 full, 0.308 diagonal)."""
     from .inference.partition.mapdp import default_covariance
-    from .models import NormalGamma, NormalWishart
+    from .models import NormalGamma
 
     if default_covariance(*np.shape(Z)) == "diag":
         return NormalGamma.from_data(Z)
-    return NormalWishart.from_data(Z, shrinkage="ledoit-wolf")
+    return full_prior(Z)
 
 
 def in_data_units(family, shift, scale):

@@ -108,7 +108,7 @@ def _make_family(name: str, X: np.ndarray):
     if name == "auto":  # on standardised X (_cluster): DirichletProcessMixture()'s default
         return defaults.default_family(X)
     if name == "normal-wishart":  # on standardised X (_cluster), full covariance whatever n
-        return models.NormalWishart.from_data(X, shrinkage="ledoit-wolf")
+        return defaults.full_prior(X)
     if name == "normal-gamma":
         return models.NormalGamma.from_data(X)
     if name == "beta-bernoulli":
@@ -713,8 +713,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "dirichlet-multinomial"],
                    help="likelihood; priors from the data. auto (the default, DirichletProcessMixture()'s): "
                    "fitted on standardised columns, normal-wishart when there are at least D(D+1)/2 "
-                   "points, else a diagonal normal-gamma; normal-wishart: tgMCMC settings with the "
-                   "Ledoit-Wolf covariance on standardised columns, whatever the number of points; "
+                   "points, else a diagonal normal-gamma; normal-wishart: auto's full prior (tgMCMC "
+                   "settings, the Ledoit-Wolf covariance, a vague prior on the means: r = 1/n) on "
+                   "standardised columns, whatever the number of points; "
                    "for mapdp the default is MAPDP's default prior (a full-covariance prior on "
                    "standardised columns, its covariance from a 32-means split of the data)")
     c.add_argument("--likelihood", default=None, choices=["normal", "student-t", "poisson"],

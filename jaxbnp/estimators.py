@@ -575,9 +575,10 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         from the data in standardised coordinates: the fit runs on ``(X − mean) / sd`` (per
         column; a constant column only centred), so that the default does not depend on the
         data's units, with (``jaxbnp._defaults.default_family``) a full covariance,
-        ``NormalWishart.from_data(·, shrinkage="ledoit-wolf")`` (the tgMCMC paper's prior
-        with the Ledoit-Wolf covariance: positive definite on constant or collinear
-        columns), when there are at least as many points as a covariance has entries,
+        ``NormalWishart.from_data(·, r=1/n, shrinkage="ledoit-wolf")`` (the tgMCMC paper's
+        prior with the Ledoit-Wolf covariance: positive definite on constant or collinear
+        columns, and a vague prior on the means), when there are at least as many points as
+        a covariance has entries,
         ``n >= D (D + 1) / 2``, and a diagonal one, ``NormalGamma.from_data(·)``, below
         that (:class:`MAPDP`'s rule; 1,000 points in 50-D, digits). ``family_`` is that prior
         written in the data's units (the same model), and predictions and densities are of
