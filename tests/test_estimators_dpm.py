@@ -114,6 +114,24 @@ def test_default_family_does_not_depend_on_the_units_and_takes_constant_columns(
     assert adjusted_rand_score(y, one_column.labels_) == 1.0  # x alone (-6, 0, 6) tells them apart
 
 
+def test_default_full_prior_is_the_papers_with_a_vague_prior_on_the_means():
+    """The default full prior (``jaxbnp._defaults.full_prior``, also ``jaxbnp cluster
+    --family normal-wishart``) is the tgMCMC paper's Normal-Wishart on standardised columns
+    with ``r = 1/n`` instead of 0.1 (docs/mathematics.md §2)."""
+    from jaxbnp import _defaults
+    from jaxbnp.cli import _make_family
+
+    rng = np.random.default_rng(5)
+    Z = rng.normal(size=(40, 3))
+    paper = bnp.NormalWishart.from_data(Z, shrinkage="ledoit-wolf")
+    for family in (_defaults.default_family(Z), _make_family("normal-wishart", Z)):
+        assert isinstance(family, bnp.NormalWishart)
+        assert float(family.r) == pytest.approx(1.0 / 40) and float(paper.r) == pytest.approx(0.1)
+        assert float(family.nu) == float(paper.nu)
+        np.testing.assert_allclose(np.asarray(family.psi), np.asarray(paper.psi))
+        np.testing.assert_allclose(np.asarray(family.m0), np.asarray(paper.m0))
+
+
 def test_default_family_is_diagonal_with_fewer_points_than_covariance_entries():
     """Below ``n = D (D + 1) / 2`` points the default prior is the diagonal NormalGamma
     (``jaxbnp._defaults.default_family``, MAPDP()'s rule), at or above it the full
