@@ -103,6 +103,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -687,12 +688,18 @@ def main(argv=None):
                     help="a level counts as reached at log joint >= level - this (nats; 0: strict)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-name", help="file stem under benchmarks/results (default tgmcmc / tgmcmc_quick)")
-    ap.add_argument("--no-cpu-loop-kernels", action="store_true",
-                    help="leave XLA:CPU's small-while-loop threshold at its default (1 kB) instead of "
-                         "bnp.set_cpu_loop_kernels() (64 MiB: whole loops compiled as one kernel)")
+    ap.add_argument("--loop-kernels", choices=("library", "process", "off"), default="library",
+                    help="XLA:CPU's whole-loop kernels: 'library' (the default a user gets: jaxbnp's "
+                         "sampler programs only, jaxbnp._xla.mark_loop_program), 'process' "
+                         "(bnp.set_cpu_loop_kernels(): every program of the process) or 'off' "
+                         "(JAXBNP_CPU_LOOP_KERNELS=0: XLA's default 1 kB threshold everywhere)")
+    ap.add_argument("--no-cpu-loop-kernels", action="store_const", const="off", dest="loop_kernels",
+                    help="the same as --loop-kernels off")
     args = ap.parse_args(argv)
-    if not args.no_cpu_loop_kernels:
+    if args.loop_kernels == "process":
         bnp.set_cpu_loop_kernels()  # before JAX starts (machine_info below lists the devices)
+    elif args.loop_kernels == "off":
+        os.environ["JAXBNP_CPU_LOOP_KERNELS"] = "0"
     args.repeats = args.repeats or (1 if args.quick else 5)
     args.budget_toy = args.budget_toy or (2.0 if args.quick else 10.0)
     args.budget_10k = args.budget_10k or (20.0 if args.quick else 300.0)
@@ -717,8 +724,10 @@ def main(argv=None):
             "init": "the paper's noisy partition (TreeGuidedHost.noisy_labels), same for the three samplers",
             "seed": args.seed,
             "warmup_steps": args.warmup_steps,
-            "cpu_loop_kernels": "XLA's default (1 kB)" if args.no_cpu_loop_kernels
-                                else "bnp.set_cpu_loop_kernels() (64 MiB)",
+            "cpu_loop_kernels": {
+                "library": "jaxbnp's default (64 MiB for the sampler programs only)",
+                "process": "bnp.set_cpu_loop_kernels() (64 MiB for every program)",
+                "off": "XLA's default (1 kB; JAXBNP_CPU_LOOP_KERNELS=0)"}[args.loop_kernels],
             "level_tolerance": args.level_tolerance,
         },
         "cells": [],

@@ -5,7 +5,9 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxbnp as bnp
@@ -82,3 +84,83 @@ def test_suite_workers_start_xla_on_one_core():
     child = subprocess.run([sys.executable, "-c", "import os; print(len(os.sched_getaffinity(0)))"],
                            capture_output=True, text=True, check=True)
     assert int(child.stdout) == len(cores)
+
+
+# -- whole-loop kernels for jaxbnp's own programs (jaxbnp._xla.mark_loop_program) -----------
+_PER_PROGRAM = textwrap.dedent(
+    """
+    import json, jax, jax.numpy as jnp, numpy as np, numpyro
+    from numpyro.infer import MCMC
+    import jaxbnp as bnp
+    from jaxbnp import _xla
+
+    def loop(a):
+        return jax.lax.fori_loop(0, 100, lambda i, a: jnp.sin(a) * 0.5 + a[::-1], a)
+
+    def small_calls(f, *args):
+        return jax.jit(f).lower(*args).compile().as_text().count('xla_cpu_small_call="true"')
+
+    a = jnp.zeros(4096)
+    out = {"enabled": _xla.loop_kernels_enabled(),
+           "marked": small_calls(lambda a: _xla.mark_loop_program(loop(a)), a),
+           "plain": small_calls(loop, a)}
+    X = jnp.asarray(np.random.default_rng(0).normal(size=(12, 2)), jnp.float32)
+    def model(X):
+        u = numpyro.sample("u", bnp.AuxiliaryU())
+        z = numpyro.sample("z", bnp.Partition(bnp.NGGP(1.0, 0.3), X.shape[0], u=u))
+        numpyro.sample("X", bnp.ConjugateMixture(bnp.NormalGamma(0.0, 1.0, 2.0, 1.0), z), obs=X)
+    kernel = bnp.SplitMerge(model, num_split_merge=2)
+    state = kernel.init(jax.random.key(0), 0, None, (X,), {})
+    out["sampler"] = small_calls(lambda s: kernel.sample(s, (X,), {}), state)
+    draws = {}
+    for method in ("sequential", "vectorized", "parallel"):
+        m = MCMC(bnp.SplitMerge(model, num_split_merge=2), num_warmup=3, num_samples=10, num_chains=2,
+                 chain_method=method, progress_bar=False)
+        m.run(jax.random.key(3), X)
+        draws[method] = {k: np.asarray(v).tolist() for k, v in m.get_samples(group_by_chain=True).items()}
+    out["same_draws"] = all(draws[m] == draws["vectorized"] for m in draws)
+    print(json.dumps(out))
+    """
+)
+
+
+def _per_program(switch=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", _xla.ENV_SWITCH)}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # XLA's defaults otherwise
+    if switch is not None:
+        env[_xla.ENV_SWITCH] = switch
+    out = subprocess.run([sys.executable, "-c", _PER_PROGRAM], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_only_jaxbnp_programs_get_whole_loop_kernels_and_chain_methods_agree():
+    """Under XLA's default flags a program holding the marker (every sampler step of
+    CollapsedGibbs, SplitMerge and TreeGuidedMCMC) compiles its loop as one kernel; a user's
+    program in the same process keeps XLA's default; ``JAXBNP_CPU_LOOP_KERNELS=0`` turns it
+    off. NGGP split-merge gives the same draws with each chain method either way."""
+    on, off = _per_program(), _per_program("0")
+    assert on["enabled"] and not off["enabled"]
+    assert on["marked"] >= 1 and on["plain"] == 0
+    assert off["marked"] == 0 and off["plain"] == 0
+    assert on["sampler"] > off["sampler"]
+    assert on["same_draws"] and off["same_draws"]
+
+
+def test_a_threshold_in_xla_flags_wins(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_backend_extra_options={KEY}=5")
+    assert not _xla.loop_kernels_enabled()
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setenv(_xla.ENV_SWITCH, "off")
+    assert not _xla.loop_kernels_enabled()
+
+
+def test_the_marker_leaves_values_and_batching_alone():
+    x = jnp.asarray([0.0, -0.0, 1.5, jnp.nan])
+    y = jax.jit(jax.vmap(_xla._marker))(x)  # the suite's XLA_FLAGS turn mark_loop_program off
+    np.testing.assert_array_equal(np.signbit(y), np.signbit(x))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+    assert _xla._marker(jnp.int32(3)).dtype == jnp.int32

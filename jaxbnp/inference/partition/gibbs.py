@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..._xla import mark_loop_program
 from ...models.measures import Measure, NGGP
 from .clusters import ClusterState
 from ..slice import slice_sample
@@ -104,8 +105,10 @@ def gibbs_sweep(
     steps = X.shape[0] if order is None else order.shape[0]
     clusters = assignment_sweep(clusters, X, measure, family, u, noise=step_uniforms(key, steps, X.dtype),
                                 order=order, block_size=block_size)
-    # the same recount as above (rounding identical however the chains are batched)
-    return clusters._replace(stats=family.stats_from_labels(X, clusters.labels, capacity))
+    # the same recount as above (rounding identical however the chains are batched); the
+    # program that runs a sweep gets XLA:CPU's whole-loop kernels (jaxbnp._xla)
+    return clusters._replace(stats=family.stats_from_labels(X, clusters.labels, capacity),
+                             overflow=mark_loop_program(clusters.overflow))
 
 
 def assignment_sweep(

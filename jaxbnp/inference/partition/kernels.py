@@ -50,6 +50,7 @@ from ..._cache import auto_enable
 from ..._programs import call_cached
 from ..._random import typed_key
 from ..._validation import check_data, check_int, check_labels
+from ..._xla import mark_loop_program
 from ...models.distributions import AuxiliaryU, ConjugateMixture, Partition
 from ...models.measures import DP, NGGP
 from ..adapter import (DiscreteSiteKernel, is_traced, numpyro_reads_every_step, sample_sites,
@@ -259,6 +260,9 @@ class PartitionKernel(DiscreteSiteKernel):
     host_overflow_check = True
     #: whether ``get_diagnostics_str`` reports the MH acceptance counts
     show_acceptance = True
+    #: whether a program with this kernel's step gets XLA:CPU's whole-loop kernels
+    #: (:func:`jaxbnp._xla.mark_loop_program`): the sequential moves are loops of tiny steps
+    cpu_loop_kernels = True
 
     def __init__(
         self,
@@ -481,6 +485,8 @@ class PartitionKernel(DiscreteSiteKernel):
         z[spec.partition_site] = canonical_labels(clusters.labels, clusters.capacity)
         lj = cluster_log_joint(clusters, measure, family, u)
         mh = info.mh
+        if self.cpu_loop_kernels:  # whole-loop kernels on a CPU for this program (_xla)
+            k = mark_loop_program(k)
         return PartitionKernelState(
             z, clusters, lj, k, key, kernel_state.moves, state.chain_id,
             jnp.asarray(mh.num_accepted, jnp.int32), jnp.asarray(mh.num_proposed, jnp.int32),
@@ -709,6 +715,11 @@ class SubClusterMCMC(PartitionKernel):
 
     Example: ``MCMC(SubClusterMCMC(model), num_warmup=50, num_samples=200).run(key, X)``.
     """
+
+    #: its steps are vectorised over the points: XLA's multithreaded operations are faster
+    #: than one whole-loop kernel (10^4 and 10^5 points in 2 dimensions: 3.7 against 4.6 ms
+    #: and 31 against 41 ms an iteration on a 2-core CPU)
+    cpu_loop_kernels = False
 
     def __init__(
         self,
