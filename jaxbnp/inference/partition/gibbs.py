@@ -149,11 +149,21 @@ def assignment_sweep(
     """
     n = X.shape[0]
     capacity = clusters.counts.shape[0]
+    # every point in turn: a block is a contiguous run of rows, read and written with
+    # dynamic slices (a scatter would keep XLA:CPU from compiling the loop over the blocks
+    # as one kernel, jaxbnp._xla); the rows past n pad the last block and are not visited
+    contiguous = order is None
     order = jnp.arange(n) if order is None else order
     steps = order.shape[0]
     B = max(1, min(int(block_size), steps))
     num_blocks = -(-steps // B)
-    padded = jnp.concatenate([order, jnp.full((num_blocks * B - steps,), order[-1], order.dtype)])
+    pad = num_blocks * B - steps
+    padded = jnp.concatenate([order, jnp.full((pad,), order[-1], order.dtype)])
+    if contiguous:
+        X_rows = jnp.concatenate([X, jnp.zeros((pad,) + X.shape[1:], X.dtype)])
+        labels_in = jnp.concatenate([clusters.labels, jnp.zeros((pad,), clusters.labels.dtype)])
+    else:
+        labels_in = clusters.labels
     # entries visited: all of ``order``, or its first ``num_steps`` (then the loop over the
     # blocks stops after the last block that holds one)
     limit = steps if num_steps is None else num_steps
@@ -180,15 +190,21 @@ def assignment_sweep(
 
     def block(b, carry):
         labels, counts, table, stats_table, overflow = carry
-        idx = lax.dynamic_slice_in_dim(padded, b * B, B)
-        Xb = X[idx]
+        if contiguous:
+            idx = b * B + jnp.arange(B, dtype=order.dtype)  # rows past n: padding
+            Xb = lax.dynamic_slice_in_dim(X_rows, b * B, B)
+            own0 = lax.dynamic_slice_in_dim(labels, b * B, B)
+        else:
+            idx = lax.dynamic_slice_in_dim(padded, b * B, B)
+            Xb = X[idx]
+            own0 = labels[idx]
         scores = score(Xb, table)  # (B, capacity)
 
         def step(j, c):
             own, counts, table, stats_table, overflow, scores = c
             t = b * B + j
             valid = t < limit
-            i, x, old = idx[j], Xb[j], own[j]
+            i, x, old = jnp.minimum(idx[j], n - 1), Xb[j], own[j]
             # remove point i from its cluster (the counts array changes only if it moves)
             at_old = slots == old
             counts_out = jnp.where(at_old, counts - 1, counts)
@@ -250,7 +266,7 @@ def assignment_sweep(
                 fresh = score(Xb, table[jnp.stack([old, new])])
                 scores = lax.dynamic_update_index_in_dim(scores, fresh[:, 0], old, 1)
                 scores = lax.dynamic_update_index_in_dim(scores, fresh[:, 1], new, 1)
-                own = jnp.where(idx == i, new, own)  # repeats of i in the block see its new label
+                own = jnp.where(idx == idx[j], new, own)  # repeats of i in the block see its new label
                 return own, counts, table, stats_table, scores
 
             own, counts, table, stats_table, scores = lax.cond(
@@ -258,15 +274,19 @@ def assignment_sweep(
             return own, counts, table, stats_table, overflow, scores
 
         own, counts, table, stats_table, overflow, _ = lax.fori_loop(
-            0, B, step, (labels[idx], counts, table, stats_table, overflow, scores)
+            0, B, step, (own0, counts, table, stats_table, overflow, scores)
         )
-        labels = labels.at[idx].set(own)
+        if contiguous:
+            labels = lax.dynamic_update_slice_in_dim(labels, own, b * B, 0)
+        else:
+            labels = labels.at[idx].set(own)
         return labels, counts, table, stats_table, overflow
 
     blocks = num_blocks if num_steps is None else (num_steps + B - 1) // B
     labels, counts, _, _, overflow = lax.fori_loop(
-        0, blocks, block, (clusters.labels, clusters.counts, table, stats_table, clusters.overflow)
+        0, blocks, block, (labels_in, clusters.counts, table, stats_table, clusters.overflow)
     )
+    labels = labels[:n] if contiguous else labels
     # the statistics move with the points that changed cluster (exact sums, no drift)
     changed = labels != clusters.labels
     ps = jax.tree.map(
