@@ -84,6 +84,11 @@ def set_cpu_loop_kernels(byte_threshold: int = 1 << 26) -> None:
 # its own compile options, through a wrapper around JAX's compile call; other programs of
 # the process compile as before. Where that call is missing or has changed (another JAX),
 # nothing is wrapped and the samplers run as they would without it, only slower.
+#
+# Marked: the steps of CollapsedGibbs, SplitMerge and TreeGuidedMCMC, gibbs_sweep, the
+# diffusion-tree kernels and BHMC's kernel (loops of tiny steps). Not marked: SubClusterMCMC,
+# AuxiliaryGibbs and SliceGibbs, measured no faster or slower with it, and MAP-DP, not
+# measured; their steps are vectorised over the points (benchmarks/loop_kernels.py).
 
 #: the name of the marker function in a program's StableHLO module
 MARKER = "jaxbnp_cpu_loop_kernels"

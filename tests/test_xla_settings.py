@@ -119,6 +119,24 @@ _PER_PROGRAM = textwrap.dedent(
         m.run(jax.random.key(3), X)
         draws[method] = {k: np.asarray(v).tolist() for k, v in m.get_samples(group_by_chain=True).items()}
     out["same_draws"] = all(draws[m] == draws["vectorized"] for m in draws)
+    # a diffusion tree: 2 vectorized chains against the second chain run alone
+    from jaxbnp.inference.trees.mcmc import DiffusionTreeMCMC
+    from jaxbnp.models.ddt import BrownianLeaves, DiffusionTree
+    def tree_model(X):
+        tree = numpyro.sample("tree", DiffusionTree(1.2, X.shape[0]))
+        numpyro.sample("X", BrownianLeaves(tree, 0.9, 0.2), obs=X)
+    X6 = jnp.asarray([[-1.0, -0.8], [-1.2, -1.1], [-0.9, -1.3], [1.0, 0.9], [1.3, 1.1], [0.8, 1.2]])
+    trees = []
+    for chains, key in ((2, jax.random.key(0)), (1, jax.random.split(jax.random.key(0), 2)[1])):
+        m = MCMC(DiffusionTreeMCMC(tree_model), num_warmup=3, num_samples=6, num_chains=chains,
+                 chain_method="vectorized", progress_bar=False)
+        m.run(key, X6)
+        trees.append(m.get_samples(group_by_chain=True)["tree"])
+    pairs = list(zip(jax.tree.leaves(trees[0]), jax.tree.leaves(trees[1])))
+    out["tree_topology_equal"] = all(np.array_equal(np.asarray(a)[1:], np.asarray(b)) for a, b in pairs
+                                     if not np.issubdtype(np.asarray(a).dtype, np.floating))
+    out["tree_time_err"] = max(float(np.max(np.abs(np.asarray(a)[1:] - np.asarray(b)))) for a, b in pairs
+                               if np.issubdtype(np.asarray(a).dtype, np.floating))
     print(json.dumps(out))
     """
 )
@@ -141,13 +159,18 @@ def test_only_jaxbnp_programs_get_whole_loop_kernels_and_chain_methods_agree():
     """Under XLA's default flags a program holding the marker (every sampler step of
     CollapsedGibbs, SplitMerge and TreeGuidedMCMC) compiles its loop as one kernel; a user's
     program in the same process keeps XLA's default; ``JAXBNP_CPU_LOOP_KERNELS=0`` turns it
-    off. NGGP split-merge gives the same draws with each chain method either way."""
+    off. NGGP split-merge gives the same draws with each chain method either way, and a
+    diffusion-tree chain the same tree vectorized beside another as alone."""
     on, off = _per_program(), _per_program("0")
     assert on["enabled"] and not off["enabled"]
     assert on["marked"] >= 1 and on["plain"] == 0
     assert off["marked"] == 0 and off["plain"] == 0
     assert on["sampler"] > off["sampler"]
     assert on["same_draws"] and off["same_draws"]
+    # diffusion trees: vectorized chains against a chain run alone (as tests/test_ddt.py)
+    for run in (on, off):
+        assert run["tree_topology_equal"]
+        assert run["tree_time_err"] < 1e-5
 
 
 def test_a_threshold_in_xla_flags_wins(monkeypatch):

@@ -11,6 +11,7 @@ from jax import lax
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
+from ..._xla import mark_loop_program
 from ..._cache import auto_enable
 from ..._programs import call_cached
 from ..._random import typed_key
@@ -153,7 +154,8 @@ class BHMCKernel(MCMCKernel):
         # raises there, and the program holds no callback (JAX's persistent cache keeps it)
         if step_checks_overflow(self, state):
             self._raise_on_overflow(new)
-        return new._replace(overflow_on_host=state.overflow_on_host)
+        return new._replace(overflow_on_host=state.overflow_on_host,
+                            iteration=mark_loop_program(new.iteration))
 
     def _raise_on_overflow(self, state: BHMCKernelState, on_host: bool = False) -> None:
         """``CapacityError`` if a chain of ``state`` ran out of slots (unless the runner turned

@@ -72,6 +72,7 @@ import numpy as np
 from jax import lax
 from numpyro.util import is_prng_key
 
+from ..._xla import mark_loop_program
 from ..._cache import auto_enable
 from ..._programs import call_cached
 from ..._random import typed_key
@@ -715,7 +716,7 @@ class DiffusionTreeMCMC(DiscreteSiteKernel):
     def _sample_one(self, state, model_args, model_kwargs):
         key, sub = jax.random.split(state.rng_key)
         z, chain, info = self._core_step(sub, state.z, state.chain, model_args, model_kwargs)
-        lj = self._log_joint(z, chain, model_args, model_kwargs)
+        lj = mark_loop_program(self._log_joint(z, chain, model_args, model_kwargs))
         return DiffusionTreeMCMCState(z, chain, lj, info.subtree_accepted, key)
 
     def sample(self, state, model_args, model_kwargs):

@@ -58,6 +58,7 @@ import numpy as np
 from jax import lax
 from numpyro.util import is_prng_key
 
+from ..._xla import mark_loop_program
 from ..._cache import auto_enable
 from ..._math import LOG_2PI
 from ..._random import typed_key
@@ -468,7 +469,7 @@ class PopulationDDT(DiffusionTreeMCMC):
         z[reading.spec.tree_site] = chains.tree
         lj = run_chains(lambda zz, chain: self._log_joint(zz, chain, model_args, model_kwargs),
                         z, chains, in_axes=(0, 0), how="vmap")
-        return PopulationDDTState(z, chains, lj, sub_acc, exchanged.accepted, key)
+        return PopulationDDTState(z, chains, mark_loop_program(lj), sub_acc, exchanged.accepted, key)
 
     def refresh(self, state, model_args, model_kwargs):
         def one(z):
