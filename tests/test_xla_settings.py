@@ -1,5 +1,7 @@
-"""``jaxbnp.set_cpu_loop_kernels``: the XLA_FLAGS it writes, its errors, and that XLA honours it."""
+"""``jaxbnp.set_cpu_loop_kernels`` (the XLA_FLAGS it writes, its errors, that XLA honours it) and
+the samplers' per-program whole-loop kernels (``jaxbnp._xla.mark_loop_program``)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -150,8 +152,6 @@ def _per_program(switch=None):
     out = subprocess.run([sys.executable, "-c", _PER_PROGRAM], capture_output=True, text=True,
                          timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    import json
-
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

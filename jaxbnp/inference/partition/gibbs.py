@@ -158,11 +158,11 @@ def assignment_sweep(
     B = max(1, min(int(block_size), steps))
     num_blocks = -(-steps // B)
     pad = num_blocks * B - steps
-    padded = jnp.concatenate([order, jnp.full((pad,), order[-1], order.dtype)])
     if contiguous:
         X_rows = jnp.concatenate([X, jnp.zeros((pad,) + X.shape[1:], X.dtype)])
         labels_in = jnp.concatenate([clusters.labels, jnp.zeros((pad,), clusters.labels.dtype)])
-    else:
+    else:  # the order's last entry pads its last block
+        padded = jnp.concatenate([order, jnp.full((pad,), order[-1], order.dtype)])
         labels_in = clusters.labels
     # entries visited: all of ``order``, or its first ``num_steps`` (then the loop over the
     # blocks stops after the last block that holds one)
