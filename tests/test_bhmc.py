@@ -7,6 +7,8 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions
 import pytest
 from numpyro import handlers
 from numpyro.infer import MCMC
@@ -188,11 +190,10 @@ def test_kernel_under_numpyro_mcmc_gives_fit_bhmc_draws(monkeypatch, chain_metho
     timing = fit.samples["timing"]
     assert timing["num_first_sweeps"] + timing["num_other_sweeps"] == 3 and timing["num_chains"] == 2
     assert fit.samples["accept_rate"].shape == (2, 2)
-    h = fit.hyper
-    args = (jnp.asarray(X), bhmc.make_model(h), bhmc.BHMCHyper(*(jnp.asarray(v) for v in (h.alpha, h.gamma0, h.gamma))))
-    kernel = bhmc.BHMCKernel(bhmc.BHMCConfig(2, 6 * 2 + 3, 6))
+    # NumPyro's MCMC over the same program: the same draws as fit_bhmc's chains
+    kernel = bhmc.BHMCKernel(nested.nested_hdp_model, bhmc.BHMCConfig(2, 6 * 2 + 3, 6))
     mcmc = MCMC(kernel, num_warmup=1, num_samples=2, num_chains=2, chain_method="vectorized", progress_bar=False)
-    mcmc.run(jax.random.key(99), *args,
+    mcmc.run(jax.random.key(99), jnp.asarray(X), hyper=fit.hyper, component_capacity=6,
              init_params={"rng_key": jnp.stack([key, key]), "chain": jnp.arange(2, dtype=jnp.int32)})
     draws = mcmc.get_samples(group_by_chain=True)
     np.testing.assert_array_equal(np.asarray(draws.paths), fit.samples["paths"])
@@ -202,8 +203,61 @@ def test_kernel_under_numpyro_mcmc_gives_fit_bhmc_draws(monkeypatch, chain_metho
     assert isinstance(last, bhmc.BHMCKernelState) and not kernel.overflowed(last)
     assert float(np.max(np.asarray(last.best.log_lik))) == pytest.approx(float(fit.best.log_lik))
     np.testing.assert_array_equal(np.asarray(last.iteration), [3, 3])
-    with pytest.raises(TypeError, match="BHMCConfig"):
+    with pytest.raises(TypeError, match="NumPyro program"):
         bhmc.BHMCKernel({"depth": 2})
+    with pytest.raises(TypeError, match="the first argument is the NumPyro program"):
+        bhmc.BHMCKernel(bhmc.BHMCConfig(2, 15, 6))  # the old BHMCKernel(config) with model_args
+    with pytest.raises(TypeError, match="must be a BHMCConfig"):
+        bhmc.BHMCKernel(nested.nested_hdp_model, {"depth": 2})
+    with pytest.raises(TypeError, match="unknown settings.*depth"):
+        bhmc.BHMCKernel(nested.nested_hdp_model, depth=3)
+
+
+def test_the_kernel_reads_the_program():
+    """BHMCKernel reads the data, the constants and the hyperparameters from the NumPyro program
+    (here one that wraps nested_hdp_model, run with jit_model_args=True and the hyperparameters
+    traced): its draws are those of the pure core given the same values by hand. A program
+    without BHMC's sites, or a config of another depth or truncation, is an error that says so."""
+    X = np.r_[np.linspace(-2.0, -1.6, 3), np.linspace(1.6, 2.0, 3)][:, None]
+    hyper = nested.NestedHDP(depth=2, alpha=2.0, gamma0=0.5, gamma=3.0, Sigma=0.3 * np.eye(1),
+                             Sigma0=4.0 * np.eye(1), mu0=[0.7])
+    config = bhmc.BHMCConfig(2, 15, 5, split_merge=0)
+
+    def program(X, hyper):
+        nested.nested_hdp_model(X, hyper=hyper, component_capacity=5)
+
+    mcmc = MCMC(bhmc.BHMCKernel(program, config), num_warmup=0, num_samples=3, jit_model_args=True,
+                progress_bar=False)
+    key = jax.random.key(5)
+    mcmc.run(key, jnp.asarray(X), jax.tree.map(jnp.asarray, hyper))
+    draws = mcmc.get_samples()
+    last = mcmc.last_state.sample
+    np.testing.assert_allclose([last.alpha, last.gamma0, last.gamma], [2.0, 0.5, 3.0], rtol=1e-12)
+
+    core = bhmc.algorithm(jnp.asarray(X), bhmc.BHMCHyper(*(jnp.asarray(v) for v in (2.0, 0.5, 3.0))),
+                          bhmc.make_model(hyper), config)
+    k_init, k_run = jax.random.split(key)
+    state = core.init(jax.random.fold_in(k_init, 0))
+    for i in range(3):
+        state, _ = core.step(jax.random.fold_in(jax.random.fold_in(k_run, i), 0), state)
+        np.testing.assert_array_equal(np.asarray(draws.paths[i]), np.asarray(state.paths))
+        np.testing.assert_array_equal(np.asarray(draws.c[i]), np.asarray(state.c))
+        np.testing.assert_allclose(np.asarray(draws.theta[i]), np.asarray(state.theta), rtol=1e-9)
+
+    def no_data(X):
+        nested.nested_hdp_model(None, hyper=hyper, num_points=6, component_capacity=5)
+
+    with pytest.raises(ValueError, match="site 'x' must be observed"):
+        MCMC(bhmc.BHMCKernel(no_data), num_warmup=0, num_samples=1).run(key, X)
+
+    def other(X):
+        numpyro.sample("x", numpyro.distributions.Normal(0.0, 1.0).expand(X.shape).to_event(2), obs=X)
+
+    with pytest.raises(ValueError, match=r"BHMCKernel: the model has no sample site \['paths'"):
+        MCMC(bhmc.BHMCKernel(other), num_warmup=0, num_samples=1).run(key, X)
+    with pytest.raises(ValueError, match="component_capacity=5; the program has depth=2 .* and 6 sticks"):
+        MCMC(bhmc.BHMCKernel(nested.nested_hdp_model, config), num_warmup=0, num_samples=1).run(
+            key, X, hyper=hyper, component_capacity=6)
 
 
 def test_node_capacity_overflow_raises():
@@ -226,13 +280,11 @@ def test_the_kernel_raises_when_its_slots_run_out(progress_bar, monkeypatch):
                         lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     X = np.random.default_rng(0).normal(size=(30, 1))
     h = nested.NestedHDP(depth=2, alpha=50.0, gamma0=1.0, gamma=1.0, Sigma=np.eye(1), Sigma0=np.eye(1))
-    args = (jnp.asarray(X), bhmc.make_model(h),
-            bhmc.BHMCHyper(*(jnp.asarray(v) for v in (h.alpha, h.gamma0, h.gamma))))
     start = (np.tile([1, 2], (30, 1)), np.zeros(30, int))  # one path: the start fits 6 node slots
-    mcmc = MCMC(bhmc.BHMCKernel(bhmc.BHMCConfig(2, 6, 6)), num_warmup=0, num_samples=3)
+    mcmc = MCMC(bhmc.BHMCKernel(nested.nested_hdp_model, node_capacity=6), num_warmup=0, num_samples=3)
     mcmc.progress_bar = progress_bar  # NumPyro turns it off under pytest-xdist and CI
     with pytest.raises(Exception, match="node or component slot.*node_capacity=6") as err:
-        mcmc.run(jax.random.key(0), *args, init_params={"start": start})
+        mcmc.run(jax.random.key(0), jnp.asarray(X), hyper=h, component_capacity=6, init_params={"start": start})
     assert bool(calls) != progress_bar
     if progress_bar:
         assert err.type is CapacityError

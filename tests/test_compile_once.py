@@ -45,7 +45,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jaxbnp as bnp  # noqa: E402
 from jaxbnp.inference.bhmc import sampler as bhmc  # noqa: E402
-from jaxbnp.models.nested import NestedHDP  # noqa: E402
+from jaxbnp.models.nested import NestedHDP, nested_hdp_model  # noqa: E402
 
 EVENTS: Counter = Counter()
 COMPILE = "/jax/core/compile/backend_compile_duration"
@@ -81,10 +81,11 @@ def tree_model(X):
     numpyro.sample("X", bnp.BrownianLeaves(tree, 0.9, 0.2), obs=X)
 
 
-def _bhmc_args(X):
-    hyper = NestedHDP(2, 1.0, 1.0, 1.0, np.eye(2), 4.0 * np.eye(2))
-    return (jnp.asarray(X), bhmc.make_model(hyper),
-            bhmc.BHMCHyper(*(jnp.asarray(v) for v in (hyper.alpha, hyper.gamma0, hyper.gamma))))
+BHMC_HYPER = NestedHDP(2, 1.0, 1.0, 1.0, np.eye(2), 4.0 * np.eye(2))
+
+
+def bhmc_model(X, hyper=BHMC_HYPER):
+    nested_hdp_model(X, hyper=hyper, component_capacity=6)
 
 
 KERNELS = {
@@ -93,7 +94,7 @@ KERNELS = {
     "SliceGibbs": (lambda: bnp.SliceGibbs(slice_model), lambda X: (X,)),
     "SubClusterMCMC": (lambda: bnp.SubClusterMCMC(dp_model), lambda X: (X,)),
     "DiffusionTreeMCMC": (lambda: bnp.DiffusionTreeMCMC(tree_model), lambda X: (X,)),
-    "BHMCKernel": (lambda: bhmc.BHMCKernel(bhmc.BHMCConfig(2, 15, 6)), _bhmc_args),
+    "BHMCKernel": (lambda: bhmc.BHMCKernel(bhmc_model, node_capacity=15), lambda X: (X,)),
 }
 
 

@@ -305,6 +305,19 @@ def bhmc_fit():
 
 
 
+def bhmc_kernel():  # BHMCKernel under NumPyro's MCMC over the program itself
+    from jaxbnp.models.nested import NestedHDP, nested_hdp_model
+
+    hyper = NestedHDP(depth=2, alpha=1.0, gamma0=1.0, gamma=1.0, Sigma=0.1 * np.eye(X.shape[1]),
+                      Sigma0=np.eye(X.shape[1]))
+    m = MCMC(bnp.BHMCKernel(nested_hdp_model, node_capacity=32), num_warmup=1, num_samples=2,
+             progress_bar=False)
+    m.run(KEY, X, hyper=hyper, component_capacity=8)
+    s = m.get_samples()
+    labels("BHMCKernel.paths", s.paths[:, :, -1], (2, N), high=32)
+    floats("BHMCKernel.log_lik", s.log_lik)
+
+
 def chunked():
     res = bnp.fit_mapdp_chunked(X, bnp.DP(1.0), FAMILY, 16, chunk_size=10, block_size=5)  # two chunks
     labels("fit_mapdp_chunked.labels", res.labels, (N,), high=16)
@@ -354,6 +367,7 @@ if GROUP == "estimators":
     run("DirichletProcessMixture method=auxiliary likelihood=poisson fit+predict", dpm_plate("auxiliary"))
 if GROUP == "bhmc_distributed":
     run("fit_bhmc (compiler_options=None: XLA defaults)", bhmc_fit)
+    run("BHMCKernel under MCMC", bhmc_kernel)
     run("fit_mapdp_chunked", chunked)
     run("fit_subcluster_chunked", chunked_subcluster)
     run("distributed.fit_mapdp_sharded, gibbs_sharded (2 devices)", sharded)

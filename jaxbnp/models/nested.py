@@ -67,6 +67,7 @@ from ..errors import CapacityError
 __all__ = [
     "BHMCModel",
     "make_model",
+    "model_constants",
     "mvn_logpdf",
     "full_path",
     "ncrp_log_prob",
@@ -161,6 +162,23 @@ class NestedHDP:
         return int(self.Sigma.shape[0])
 
 
+# a pytree (``depth`` static, the rest leaves), so that ``hyper`` can be a traced argument of a
+# jitted program (``MCMC(..., jit_model_args=True)``, the runner's cached programs); rebuilt
+# without the checks, which ran when the values were made
+def _nested_hdp_flatten(h: NestedHDP):
+    return (h.alpha, h.gamma0, h.gamma, h.Sigma, h.Sigma0, h.mu0), h.depth
+
+
+def _nested_hdp_unflatten(depth, leaves) -> NestedHDP:
+    h = object.__new__(NestedHDP)
+    for name, value in zip(("depth", "alpha", "gamma0", "gamma", "Sigma", "Sigma0", "mu0"), (depth, *leaves)):
+        object.__setattr__(h, name, value)
+    return h
+
+
+jax.tree_util.register_pytree_node(NestedHDP, _nested_hdp_flatten, _nested_hdp_unflatten)
+
+
 # ------------------------------------------------------------------------- model constants
 # What BHMC's moves evaluate of the model (docs/mathematics.md §6): the Gaussian base measure
 # and kernel as factored arrays, and the nCRP's path probabilities.
@@ -179,13 +197,23 @@ class BHMCModel(NamedTuple):
 
 
 def make_model(hyper: NestedHDP, dtype=None) -> BHMCModel:
-    """Factor the covariances of ``hyper`` on the host (NumPy, float64) into a :class:`BHMCModel`."""
+    """Factor the covariances of ``hyper`` into a :class:`BHMCModel` (:func:`model_constants`)."""
+    return model_constants(hyper.mu0, hyper.Sigma, hyper.Sigma0, dtype)
+
+
+def model_constants(mu0, Sigma, Sigma0, dtype=None) -> BHMCModel:
+    """The :class:`BHMCModel` of ``H = N(mu0, Sigma0)`` and ``f = N(θ, Sigma)``: factored on the
+    host (NumPy, float64) when the values are concrete, else in the program (they are traced,
+    e.g. model arguments of a jitted run), in ``dtype``."""
     dtype = jnp.result_type(float) if dtype is None else dtype
-    S, S0, mu0 = hyper.Sigma, hyper.Sigma0, hyper.mu0
-    prec, prec0 = np.linalg.inv(S), np.linalg.inv(S0)
-    single = np.linalg.inv(prec0 + prec)
-    arrs = (mu0, np.linalg.cholesky(S), prec, prec0, prec0 @ mu0, np.linalg.cholesky(S0 + S),
-            np.linalg.cholesky((single + single.T) / 2))
+    host = not any(isinstance(a, jax.core.Tracer) for a in (mu0, Sigma, Sigma0))
+    xp = np if host else jnp
+    S, S0, mu0 = ((np.asarray(a, dtype=float) for a in (Sigma, Sigma0, mu0)) if host
+                  else (jnp.asarray(a, dtype) for a in (Sigma, Sigma0, mu0)))
+    prec, prec0 = xp.linalg.inv(S), xp.linalg.inv(S0)
+    single = xp.linalg.inv(prec0 + prec)
+    arrs = (mu0, xp.linalg.cholesky(S), prec, prec0, prec0 @ mu0, xp.linalg.cholesky(S0 + S),
+            xp.linalg.cholesky((single + single.T) / 2))
     return BHMCModel(*(jnp.asarray(a, dtype) for a in arrs))
 
 
@@ -349,11 +377,15 @@ def nested_hdp_model(
     Sites: ``paths`` (:class:`NestedCRP`, ``(N, L)``), ``sticks`` (``K`` draws of
     ``Beta(1, γ0)``), ``log_beta`` (a deterministic ``(node_capacity, K + 1)``
     table: the root's truncated GEM weights, then level by level
-    ``β_z' ~ Dir(γβ_z1, …, γβ_zK, γβ*_z)`` from the latent site ``beta_gamma``
-    of Gamma variables, normalised per node), ``c`` (``(N,)``, ``K`` = the rest),
+    ``β_z' ~ Dir(γβ_z1, …, γβ_zK, γβ*_z)`` from the latent sites ``beta_gamma_1`` to
+    ``beta_gamma_L`` of Gamma variables, normalised per node; each carries
+    ``infer={"concentration": γ}``), ``c`` (``(N,)``, ``K`` = the rest),
     ``theta`` (``(K + 1, D)`` from ``N(μ0, Σ0)``) and ``x`` (observed if ``X`` is given).
     Deterministic sites ``num_sticks`` (the paper's stopping point: the first
     ``k`` with rest ``< truncation``) and ``truncation_ok``.
+
+    :class:`~jaxbnp.inference.bhmc.BHMCKernel` samples this program's posterior:
+    ``MCMC(BHMCKernel(nested_hdp_model), ...).run(key, X, hyper=hyper)``.
     """
     if X is not None:
         num_points = int(np.shape(X)[0])
@@ -380,7 +412,10 @@ def nested_hdp_model(
         conc = gamma * jnp.exp(log_beta[jnp.maximum(parent, 0)])
         # floor at the smallest normal float: a weight that underflowed stays (numerically) zero
         conc = jnp.where(at_level[:, None], jnp.maximum(conc, jnp.finfo(ftype).tiny), 1.0)
-        g = numpyro.sample(f"beta_gamma_{level}", dist.Gamma(conc, 1.0).to_event(2))
+        # γ rides in the site's infer dict: the one constant of the program that no
+        # distribution holds (BHMCKernel reads it there)
+        g = numpyro.sample(f"beta_gamma_{level}", dist.Gamma(conc, 1.0).to_event(2),
+                           infer={"concentration": gamma})
         log_b = jnp.log(g) - jnp.log(jnp.sum(g, axis=-1, keepdims=True))
         log_beta = jnp.where(at_level[:, None], log_b, log_beta)
     log_beta = numpyro.deterministic("log_beta", log_beta)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -18,6 +19,7 @@ from ...errors import CapacityError
 from ...models.nested import (
     NestedHDP,
     check_covariance,
+    nested_hdp_model,
 )
 from ..runner import run
 from .kernel import (
@@ -28,9 +30,7 @@ from .kernel import (
 from .model import (
     FAST_COMPILE,
     BHMCConfig,
-    BHMCHyper,
     BHMCState,
-    make_model,
 )
 from .start import (
     ward_start,
@@ -203,8 +203,11 @@ def fit_bhmc(
                         path_update=path_update, beta_rule=beta_rule, regraft=bool(regraft),
                         split_merge=split_merge)
     ftype = jnp.result_type(float)
-    model_args = (jnp.asarray(Xn, ftype), make_model(hyper),
-                  BHMCHyper(*(jnp.asarray(v, ftype) for v in (hyper.alpha, hyper.gamma0, hyper.gamma))))
+    # the program's arguments: the hyperparameters as arrays, so that one compiled program
+    # serves every value (the runner traces them)
+    program = functools.partial(nested_hdp_model, component_capacity=K)
+    model_args = (jnp.asarray(Xn, ftype),)
+    model_kwargs = {"hyper": jax.tree.map(lambda a: jnp.asarray(a, ftype), hyper)}
     if compiler_options == "auto":
         small = n * (num_warmup + num_samples) * num_chains <= 20000
         compiler_options = FAST_COMPILE if small else None
@@ -237,7 +240,8 @@ def fit_bhmc(
     t_start = time.perf_counter()
     try:
         result = run(
-            lambda capacity: GrowingNodes(config._replace(node_capacity=capacity)), key, model_args,
+            lambda capacity: GrowingNodes(program, config._replace(node_capacity=capacity)), key, model_args,
+            model_kwargs,
             num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
             collect=_collect_draws if store_samples else _collect_summary, init_params=init_params,
             capacity=M, max_capacity=M_most, progress_bar=False, heartbeat=clock,

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+import numpyro.distributions as dist
+from numpyro.distributions.transforms import biject_to
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
@@ -15,11 +17,13 @@ from ..._xla import mark_loop_program
 from ..._cache import auto_enable
 from ..._programs import call_cached
 from ..._random import typed_key
-from ..adapter import is_traced, numpyro_reads_every_step, step_checks_overflow
+from ...models.nested import NestedCRP, model_constants
+from ..adapter import is_traced, numpyro_reads_every_step, step_checks_overflow, trace_model
 from ..base import run_chains
 from ..partition.clusters import raise_capacity_error_if, raise_capacity_error_on_host
 from .model import (
     BHMCConfig,
+    BHMCHyper,
     BHMCInfo,
     BHMCState,
 )
@@ -57,14 +61,67 @@ class BHMCKernelState(NamedTuple):
     overflow_on_host: tuple | None = None
 
 
+#: the sites BHMCKernel reads of a nested HDP program (:func:`~jaxbnp.models.nested.nested_hdp_model`)
+_SITES = ("paths", "sticks", "beta_gamma_1", "theta", "x")
+
+
+class _Reading(NamedTuple):
+    """What :class:`BHMCKernel` reads of one trace of the model: the data, the constants
+    and starting hyperparameters (arrays, traced where the model arguments are), and the
+    static sizes (``depth``, ``component_capacity`` = the sticks ``K``, the model's
+    ``node_capacity``)."""
+
+    X: jax.Array
+    mu0: jax.Array
+    Sigma: jax.Array
+    Sigma0: jax.Array
+    hyper: BHMCHyper
+    depth: int
+    component_capacity: int
+    node_capacity: int
+
+
+def _placeholder(site):
+    """A value in the support of each latent sample site (the kernel reads only constants)."""
+    if site["type"] != "sample" or site["is_observed"]:
+        return None
+    fn = site["fn"]
+    if fn.is_discrete:
+        return jnp.zeros(fn.shape(), jnp.int32)
+    to_support = biject_to(fn.support)
+    return to_support(jnp.zeros(to_support.inverse_shape(fn.shape())))
+
+
+def _base(fn):
+    """``fn`` without its ``to_event``/``expand`` wrappers."""
+    while isinstance(fn, (dist.Independent, dist.ExpandedDistribution)):
+        fn = fn.base_dist
+    return fn
+
+
 class BHMCKernel(MCMCKernel):
-    """NumPyro ``MCMCKernel`` over the pure :func:`init` and :func:`step` (docs/mathematics.md §6).
+    """NumPyro ``MCMCKernel`` of BHMC (docs/mathematics.md §6) over the nested HDP program
+    :func:`~jaxbnp.models.nested.nested_hdp_model`; wraps the pure :func:`init` and :func:`step`.
 
-    :param config: the static settings, a :class:`BHMCConfig`.
+    :param model: the NumPyro program, :func:`~jaxbnp.models.nested.nested_hdp_model` (or a
+        program that calls it); ``MCMC.run``'s arguments are the program's, e.g.
+        ``mcmc.run(key, X, hyper=hyper)``.
+    :param config: the static settings, a :class:`BHMCConfig`; its ``depth`` and
+        ``component_capacity`` must be the program's (the depth of ``paths`` and the number of
+        ``sticks``), its ``node_capacity`` is the sampler's node slots.
+    :param settings: instead of ``config``, the settings by name (``node_capacity=``,
+        ``split_merge=``, ...: :class:`BHMCConfig`'s fields but ``depth`` and
+        ``component_capacity``, which come from the program). ``node_capacity`` defaults to the
+        program's (room for any tree); fewer slots make each step cheaper and raise
+        :class:`~jaxbnp.errors.CapacityError` when full.
 
-    ``model_args = (X, model, hyper)``: the data ``(N, D)``, the model
-    constants (:func:`make_model`) and the starting ``α, γ0, γ``
-    (:class:`BHMCHyper`); ``model_kwargs`` are not used.
+    The kernel traces the program once per ``init`` and once per compiled step, with every
+    latent site held at a placeholder, and reads: the data (the observed ``x``), ``α`` (the
+    :class:`~jaxbnp.models.nested.NestedCRP` of ``paths``), ``γ0`` (the ``Beta(1, γ0)`` of
+    ``sticks``), ``γ`` (``beta_gamma_1``'s ``infer={"concentration": γ}``), ``μ0, Σ0`` (the
+    normal of ``theta``) and ``Σ`` (the normal of ``x``, one covariance for every point). The
+    covariances are factored on the host in float64 where they are concrete, else in the
+    program. A program without these sites is an error that says which is missing.
 
     Keys: chain ``chain`` of the run keyed ``key`` starts from
     ``init(fold_in(k_init, chain), ...)`` and takes step ``i`` with
@@ -89,6 +146,15 @@ class BHMCKernel(MCMCKernel):
     :func:`fit_bhmc`, which grows the node slots) nothing is raised, and
     :meth:`overflowed` says so of a state: the run must be discarded.
     Everything a step needs is in the state or the arguments.
+
+    Example::
+
+        from numpyro.infer import MCMC
+        from jaxbnp.models.nested import NestedHDP, nested_hdp_model
+        hyper = NestedHDP(depth=2, alpha=1.0, gamma0=1.0, gamma=1.0, Sigma=S, Sigma0=S0)
+        mcmc = MCMC(BHMCKernel(nested_hdp_model, node_capacity=64), num_warmup=50, num_samples=100)
+        mcmc.run(jax.random.key(0), X, hyper=hyper, component_capacity=16)
+        mcmc.get_samples().paths
     """
 
     sample_field = "sample"
@@ -98,15 +164,96 @@ class BHMCKernel(MCMCKernel):
     #: raise ``CapacityError`` when a chain runs out of slots (class docstring)
     host_overflow_check = True
 
-    def __init__(self, config: BHMCConfig):
-        if not isinstance(config, BHMCConfig):
-            raise TypeError(f"BHMCKernel(config): config must be a BHMCConfig, got {type(config).__name__}.")
-        self.config = config
+    def __init__(self, model, config: BHMCConfig | None = None, **settings):
+        name = type(self).__name__
+        if isinstance(model, BHMCConfig):
+            raise TypeError(
+                f"{name}(model, config): the first argument is the NumPyro program, e.g. "
+                f"{name}(nested_hdp_model, config) run as mcmc.run(key, X, hyper=hyper); the data, "
+                "constants and hyperparameters are read from the program, not passed as (X, model, hyper).")
+        if not callable(model):
+            raise TypeError(f"{name}(model): model must be a NumPyro program (a callable), got "
+                            f"{type(model).__name__}.")
+        if config is not None and not isinstance(config, BHMCConfig):
+            raise TypeError(f"{name}(model, config): config must be a BHMCConfig, got {type(config).__name__}.")
+        if config is not None and settings:
+            raise TypeError(f"{name}: pass a BHMCConfig or settings by name, not both (got {sorted(settings)}).")
+        allowed = set(BHMCConfig._fields) - {"depth", "component_capacity"}
+        unknown = sorted(set(settings) - allowed)
+        if unknown:
+            raise TypeError(f"{name}: unknown settings {unknown}; the settings are {sorted(allowed)} (depth "
+                            "and component_capacity are the program's).")
+        self._model = model
+        self._config = config
+        self._settings = dict(settings)
+
+    @property
+    def model(self):
+        return self._model
+
+    def _read(self, model_args, model_kwargs) -> _Reading:
+        """One trace of the program with its latent sites at placeholders (class docstring)."""
+        name = type(self).__name__
+        tr = trace_model(self._model, {}, model_args, model_kwargs, fill=_placeholder)
+        missing = [s for s in _SITES if s not in tr or tr[s]["type"] != "sample"]
+        if missing:
+            raise ValueError(
+                f"{name}: the model has no sample site {missing}. {name} samples the nested HDP program "
+                "jaxbnp.models.nested.nested_hdp_model (sites paths, sticks, beta_gamma_1.., c, theta, x).")
+        paths, sticks, theta, x = (_base(tr[s]["fn"]) for s in ("paths", "sticks", "theta", "x"))
+        kinds = {"paths": (paths, NestedCRP), "sticks": (sticks, dist.Beta),
+                 "theta": (theta, dist.MultivariateNormal), "x": (x, dist.MultivariateNormal)}
+        for site, (fn, kind) in kinds.items():
+            if not isinstance(fn, kind):
+                raise ValueError(f"{name}: site {site!r} must be a {kind.__name__}, got {type(fn).__name__}.")
+        if not tr["x"]["is_observed"]:
+            raise ValueError(f"{name}: site 'x' must be observed: run the program with its data, "
+                             "mcmc.run(key, X, hyper=...).")
+        gamma = tr["beta_gamma_1"].get("infer", {}).get("concentration")
+        if gamma is None:
+            raise ValueError(f"{name}: site 'beta_gamma_1' carries no infer={{'concentration': gamma}} "
+                             "(what nested_hdp_model records of γ).")
+        ftype = jnp.result_type(float)  # the program's float type
+        X = jnp.asarray(tr["x"]["value"], ftype)
+        dim = X.shape[-1]
+        if X.ndim != 2 or X.shape[0] != paths.num_points:
+            raise ValueError(f"{name}: the observed x has shape {X.shape}; it must be ({paths.num_points}, D).")
+        cov = x.covariance_matrix.reshape(-1, dim, dim)
+        if cov.shape[0] != 1:
+            raise ValueError(f"{name}: the normal of 'x' must have one covariance Σ for every point, "
+                             f"got {cov.shape[0]}.")
+        hyper = BHMCHyper(*(jnp.asarray(v, ftype) for v in (paths.alpha, jnp.reshape(sticks.concentration0, -1)[0],
+                                                             gamma)))
+        return _Reading(X, jnp.reshape(theta.loc, (-1, dim))[0], cov[0],
+                        theta.covariance_matrix.reshape(-1, dim, dim)[0], hyper, paths.depth,
+                        int(sticks.batch_shape[-1]), paths.node_capacity)
+
+    def _config_for(self, r: _Reading) -> BHMCConfig:
+        """The settings for the program read in ``r``: the given config (checked against the
+        program) or one built from the settings by name."""
+        config = self._config
+        if config is None:
+            settings = {"node_capacity": r.node_capacity, **self._settings}
+            return BHMCConfig(r.depth, component_capacity=r.component_capacity, **settings)
+        if (config.depth, config.component_capacity) != (r.depth, r.component_capacity):
+            raise ValueError(
+                f"{type(self).__name__}: the BHMCConfig has depth={config.depth} and component_capacity="
+                f"{config.component_capacity}; the program has depth={r.depth} (paths) and "
+                f"{r.component_capacity} sticks: pass the program's.")
+        return config
+
+    @property
+    def config(self) -> BHMCConfig | None:
+        """The :class:`BHMCConfig` given, if any (else the settings are read from the program)."""
+        return self._config
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         # where an overflow is raised (NumPyro's progress bar, or a callback in the step)
         on_host = self.host_overflow_check and numpyro_reads_every_step(self, rng_key)
-        X, model, hyper = model_args
+        reading = self._read(model_args, model_kwargs)
+        config = self._config_for(reading)
+        X, hyper = reading.X, reading.hyper
+        model = model_constants(reading.mu0, reading.Sigma, reading.Sigma0, X.dtype)
         params = dict(init_params or {})
         rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
         auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
@@ -114,7 +261,6 @@ class BHMCKernel(MCMCKernel):
         run_key = typed_key(params.get("rng_key", rng_key))
         chain = params.get("chain", jnp.zeros(jnp.shape(rng_key)[:1] if batched else (), jnp.int32))
         start = params.get("start")
-        config = self.config
 
         def init_one(key, chain, start, X, model, hyper):
             k_init, k_run = jax.random.split(key)
@@ -138,14 +284,17 @@ class BHMCKernel(MCMCKernel):
         # compiles nothing
         static = (config, batched, num_warmup)
         state = call_cached(self, "init", static, program, run_key, chain, start,
-                            model_args=model_args, model_kwargs=model_kwargs)
+                            model_args=(X, model, hyper))
         if not is_traced(state):  # a traced start (parallel chains): the first step raises
             self._raise_on_overflow(state, on_host=True)
         return state._replace(overflow_on_host=() if on_host else None)
 
     def sample(self, state, model_args, model_kwargs):
-        X, model, hyper = model_args
-        core = algorithm(X, hyper, model, self.config)  # the pure core, this run's values
+        reading = self._read(model_args, model_kwargs)
+        config = self._config_for(reading)
+        X = reading.X
+        model = model_constants(reading.mu0, reading.Sigma, reading.Sigma0, X.dtype)
+        core = algorithm(X, None, model, config)  # the pure core, this run's values
         if jnp.ndim(state.iteration) == 0:
             new = self._sample_one(state, X, core)
         else:
@@ -162,13 +311,13 @@ class BHMCKernel(MCMCKernel):
         the check off): at once on the host (``on_host``), or through a host callback."""
         if not self.host_overflow_check:
             return
-        config = self.config
+        nodes, comps = state.sample.count.shape[-1], state.sample.comp_active.shape[-1]
         reason = ("a BHMC move needed a node or component slot while all were in use "
-                  f"(node_capacity={config.node_capacity}, component_capacity={config.component_capacity}).")
-        hint = "Pass a larger node_capacity or component_capacity in the BHMCConfig"
+                  f"(node_capacity={nodes}, component_capacity={comps}).")
+        hint = ("Pass a larger node_capacity to the kernel, or a larger component_capacity to the "
+                "program (nested_hdp_model)")
         flag = state.sample.overflow if on_host else jnp.any(state.sample.overflow)
-        (raise_capacity_error_on_host if on_host else raise_capacity_error_if)(
-            flag, config.node_capacity, hint, reason)
+        (raise_capacity_error_on_host if on_host else raise_capacity_error_if)(flag, nodes, hint, reason)
 
     def _sample_one(self, ks: BHMCKernelState, X, core) -> BHMCKernelState:
         key = jax.random.fold_in(jax.random.fold_in(ks.rng_key, ks.iteration), ks.chain)
@@ -201,7 +350,7 @@ class GrowingNodes(BHMCKernel):
     def overflowed(self, state: BHMCKernelState) -> bool:
         s = state.sample  # a step stops where it overflowed: fewer than L free node slots then
         live = np.sum(np.asarray(s.count) > 0, axis=-1)
-        nodes_full = live > self.config.node_capacity - 1 - self.config.depth
+        nodes_full = live > s.count.shape[-1] - 1 - s.paths.shape[-1]
         return bool(np.any(np.asarray(s.overflow) & nodes_full))
 
 
