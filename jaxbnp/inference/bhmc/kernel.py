@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.mcmc import MCMCKernel
@@ -194,7 +195,10 @@ class BHMCKernel(MCMCKernel):
     def _read(self, model_args, model_kwargs) -> _Reading:
         """One trace of the program with its latent sites at placeholders (class docstring)."""
         name = type(self).__name__
-        tr = trace_model(self._model, {}, model_args, model_kwargs, fill=_placeholder)
+        # NumPyro's argument checks off: the trace only reads constants (NestedHDP checked
+        # them), and on concrete values each check is eager work before every compilation
+        with numpyro.validation_enabled(False):
+            tr = trace_model(self._model, {}, model_args, model_kwargs, fill=_placeholder)
         missing = [s for s in _SITES if s not in tr or tr[s]["type"] != "sample"]
         if missing:
             raise ValueError(
