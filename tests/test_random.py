@@ -126,3 +126,25 @@ def test_log_uniform_is_minus_an_exponential_into_the_tail(dtype):
     assert stats.kstest(x, "expon").pvalue > 1e-3
     tail = x[x > 5.0] - 5.0
     assert len(tail) > 10_000 and stats.kstest(tail, "expon").pvalue > 1e-3
+
+
+def test_the_gibbs_sweeps_draw_by_inversion_is_the_flat_one():
+    """``gibbs.draw_by_inversion`` (two-level sums) gives the index of the flat cumulative sum
+    (``#{k : P_k < U P_K}``) for weights with zeros, lengths 1 to 300, in float64; every index
+    it returns has positive weight, also at the ends of ``U``'s range in float32. A draw that
+    stopped one index early (``P_k <= U P_K``) would differ on many of these."""
+    from jaxbnp.inference.partition.gibbs import draw_by_inversion
+
+    rng = np.random.default_rng(0)
+    draw = jax.jit(jax.vmap(draw_by_inversion, in_axes=(None, 0)))
+    for K in (1, 2, 3, 5, 16, 17, 33, 65, 129, 257, 300):
+        for _ in range(5):
+            p = rng.exponential(size=K) * (rng.random(K) < 0.6)
+            p[rng.integers(K)] += 1.0
+            u = rng.random(1000)
+            got = np.asarray(draw(jnp.asarray(p, jnp.float64), jnp.asarray(u, jnp.float64)))
+            cdf = np.cumsum(p)
+            np.testing.assert_array_equal(got, np.sum(cdf[None] < (u * cdf[-1])[:, None], axis=1))
+    p = jnp.asarray([0, 0, 1e-30, 0, 1, 0, 0], jnp.float32)
+    got = np.asarray(draw(p, jnp.asarray([0.0, 1e-40, 0.5, 1 - 2 ** -24], jnp.float32)))
+    np.testing.assert_array_equal(got, [2, 2, 4, 4])

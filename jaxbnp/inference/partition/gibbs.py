@@ -18,6 +18,8 @@ NGGP measures also carry ``u``, updated by slice sampling on ``log u``
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,6 +113,28 @@ def gibbs_sweep(
                              overflow=mark_loop_program(clusters.overflow))
 
 
+def draw_by_inversion(p: jax.Array, uniform: jax.Array) -> jax.Array:
+    """The index ``k`` with ``P_{k−1} < U P_K <= P_k`` (``P`` the cumulative sums of the
+    weights ``p >= 0``, one positive): a draw from ``p / Σp`` by inversion of the uniform
+    ``U``. The sums run in two levels, over rows of about ``√K`` weights and then within the
+    row found: XLA writes a cumulative sum as a window reduction, ``K²/2`` additions for ``K``
+    weights, and the collapsed Gibbs sweep draws one point at a time. Rounding can only move
+    the draw to a neighbouring index of positive weight."""
+    K = p.shape[0]
+    C = max(1, math.isqrt(K - 1) + 1)  # row length, ⌈√K⌉
+    R = -(-K // C)
+    P = jnp.pad(p, (0, R * C - K)).reshape(R, C)
+    within = jnp.cumsum(P, axis=1)  # (R, C): sums within each row
+    rows = jnp.cumsum(within[:, -1])  # (R,): sums to the end of each row
+    target = uniform * rows[-1]
+    r = jnp.minimum(jnp.sum(rows < target), R - 1)
+    before = jnp.where(r > 0, rows[jnp.maximum(r - 1, 0)], 0.0)
+    row, cum = P[r], within[r]
+    hit = (before + cum >= target) & (row > 0)
+    last = jnp.max(jnp.where(row > 0, jnp.arange(C), 0))
+    return r * C + jnp.where(jnp.any(hit), jnp.argmax(hit), last)
+
+
 def assignment_sweep(
     clusters: ClusterState,
     X: jax.Array,
@@ -184,6 +208,10 @@ def assignment_sweep(
         norms = family.removed_norms(jnp.arange(n + 1))
     stats_table = pack_stats(stats_in) if not rank_one else jnp.zeros((1, 1), X.dtype)
     zero_stats = jnp.zeros_like(stats_table[0])
+    # a slot's log weight depends on its count alone (and u, fixed in a sweep): tabulated once
+    # over the counts 0..n (count 0: −inf), and added to the block's scores at its start, so
+    # that a step reads joint log weights instead of taking a log per slot
+    log_w_count = measure.gibbs_log_weights(jnp.arange(n + 1), u)[0]
 
     def score(Xs, rows):
         return family.log_predictive_pairwise(Xs, unpack_params(rows))
@@ -198,10 +226,11 @@ def assignment_sweep(
             idx = lax.dynamic_slice_in_dim(padded, b * B, B)
             Xb = X[idx]
             own0 = labels[idx]
-        scores = score(Xb, table)  # (B, capacity)
+        # (B, capacity) log w_k + log p(x | X_k) at the block's start
+        joint_b = score(Xb, table) + log_w_count[counts][None]
 
         def step(j, c):
-            own, counts, table, stats_table, overflow, scores = c
+            own, counts, table, stats_table, overflow, joint_b = c
             t = b * B + j
             valid = t < limit
             i, x, old = jnp.minimum(idx[j], n - 1), Xb[j], own[j]
@@ -222,12 +251,12 @@ def assignment_sweep(
                 down = pack_params(family.predictive_params(unpack_stats(stats_down[None])))[0]
                 own_score = score(x[None], down[None])[0, 0]
             own_score = jnp.where(emptied, prior_log_pred[i], own_score)
-            # weights (docs/mathematics.md §1) times predictive (docs/mathematics.md §2)
-            log_pred = jnp.where(at_old, own_score, scores[j])
-            log_existing, log_new = measure.gibbs_log_weights(counts_out, u)
+            # weights (docs/mathematics.md §1) times predictive (docs/mathematics.md §2); a
+            # free slot's weight is −inf (the table's count 0)
+            log_new = measure.gibbs_log_weights(counts_out, u)[1]
             new_logit = log_new + prior_log_pred[i]
             free = counts_out == 0
-            joint = jnp.where(free, -jnp.inf, log_existing + log_pred)
+            joint = jnp.where(at_old, log_w_count[counts[old] - 1] + own_score, joint_b[j])
             # one pass: the largest logit of an occupied slot and the first free slot
             top, free_slot = lax.reduce(
                 (joint, jnp.where(free, slots, capacity)),
@@ -241,15 +270,14 @@ def assignment_sweep(
                 choice = jnp.argmax(logits)
             else:
                 # the largest logit: new_logit sits once, in a free slot or at the end
-                cdf = jnp.cumsum(jnp.exp(logits - jnp.maximum(top, new_logit)))
-                choice = jnp.sum(cdf < noise[tn] * cdf[-1])
+                choice = draw_by_inversion(jnp.exp(logits - jnp.maximum(top, new_logit)), noise[tn])
             overflow = overflow | ((choice == capacity) & valid)
             new = jnp.where((choice == capacity) | ~valid, old, choice).astype(own.dtype)
 
             def move(c):
                 # write the two changed slots and rescore the block against them; a point
                 # that stays changes nothing (lax.cond skips all of this)
-                own, counts, table, stats_table, scores = c
+                own, counts, table, stats_table, joint_b = c
                 removed = (pack_params(family.params_remove(unpack_params(table[old][None]), x))[0]
                            if rank_one else down)
                 down_row = jnp.where(emptied, prior_packed, removed)
@@ -263,18 +291,18 @@ def assignment_sweep(
                     up = pack_params(family.predictive_params(unpack_stats(stats_up[None])))[0]
                 table = lax.dynamic_update_index_in_dim(table, up, new, 0)
                 counts = jnp.where(slots == new, counts + 1, jnp.where(slots == old, counts - 1, counts))
-                fresh = score(Xb, table[jnp.stack([old, new])])
-                scores = lax.dynamic_update_index_in_dim(scores, fresh[:, 0], old, 1)
-                scores = lax.dynamic_update_index_in_dim(scores, fresh[:, 1], new, 1)
+                fresh = score(Xb, table[jnp.stack([old, new])]) + log_w_count[counts[jnp.stack([old, new])]]
+                joint_b = lax.dynamic_update_index_in_dim(joint_b, fresh[:, 0], old, 1)
+                joint_b = lax.dynamic_update_index_in_dim(joint_b, fresh[:, 1], new, 1)
                 own = jnp.where(idx == idx[j], new, own)  # repeats of i in the block see its new label
-                return own, counts, table, stats_table, scores
+                return own, counts, table, stats_table, joint_b
 
-            own, counts, table, stats_table, scores = lax.cond(
-                new != old, move, lambda c: c, (own, counts, table, stats_table, scores))
-            return own, counts, table, stats_table, overflow, scores
+            own, counts, table, stats_table, joint_b = lax.cond(
+                new != old, move, lambda c: c, (own, counts, table, stats_table, joint_b))
+            return own, counts, table, stats_table, overflow, joint_b
 
         own, counts, table, stats_table, overflow, _ = lax.fori_loop(
-            0, B, step, (own0, counts, table, stats_table, overflow, scores)
+            0, B, step, (own0, counts, table, stats_table, overflow, joint_b)
         )
         if contiguous:
             labels = lax.dynamic_update_slice_in_dim(labels, own, b * B, 0)
