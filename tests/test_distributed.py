@@ -355,3 +355,29 @@ def test_eight_device_parallel_chains_equal_vectorized_chains(eight, kernel):
     assert c["shape"] == [8, 4, 12]
     assert c["equal"]
     assert c["distinct_chains"] > 1  # the keys are really split
+
+
+@pytest.mark.parametrize("measure", [bnp.DP(1.0), bnp.PitmanYor(1.0, 0.3)], ids=["DP", "PY"])
+def test_a_sweep_over_some_of_the_points_counts_the_whole_state(measure):
+    """The sharded samplers sweep a block's rows against the global counts and statistics
+    (``assignment_sweep(..., subset=True)``): the same labels as the sweep over all the rows
+    visiting those points in the same order with the same uniforms. Without ``subset`` the
+    count terms came from tables over the block's ``0..n`` only (the normaliser of a
+    300-point cluster read as a 30-point one's), and the labels differed."""
+    from jaxbnp.inference.partition.clusters import init_clusters
+    from jaxbnp.inference.partition.gibbs import assignment_sweep, step_uniforms
+
+    rng = np.random.default_rng(0)
+    X = jnp.asarray(np.r_[rng.normal(-2, 1, (150, 2)), rng.normal(2, 1, (150, 2))])
+    labels = np.r_[np.zeros(150, int), np.ones(150, int)]
+    labels[::7] = 2
+    family = bnp.NormalWishart.from_data(np.asarray(X))
+    state = init_clusters(family, X, labels, 8)
+    some = jnp.arange(0, 300, 10)
+    noise = step_uniforms(jax.random.key(1), some.shape[0], X.dtype)
+    whole = assignment_sweep(state, X, measure, family, noise=noise, order=some)
+    block = assignment_sweep(state._replace(labels=state.labels[some]), X[some], measure, family,
+                             noise=noise, order=jnp.arange(some.shape[0]), subset=True)
+    np.testing.assert_array_equal(np.asarray(block.labels), np.asarray(whole.labels[some]))
+    np.testing.assert_array_equal(np.asarray(block.counts), np.asarray(whole.counts))
+    assert int(jnp.sum(whole.labels[some] != state.labels[some])) >= 3  # the sweep moved points

@@ -196,7 +196,7 @@ def _mapdp_sweep(Xl, valid_l, labels, counts, stats, overflow, measure, family, 
 
         def sequential():
             st = assignment_sweep(ClusterState(own_g, counts, stats, overflow), xg, measure, family,
-                                  order=order)
+                                  order=order, subset=True)
             return (lax.dynamic_slice_in_dim(st.labels, shard * B, B), st.counts, st.stats,
                     st.overflow)
 
@@ -347,7 +347,7 @@ def _gibbs_block(key, Xl, valid_l, labels, counts, stats, overflow, b, measure, 
     local = ClusterState(own, counts, stats, overflow)
     local = lax.cond(
         jnp.any(valid),
-        lambda: assignment_sweep(local, xb, measure, family, u, noise=noise, order=order),
+        lambda: assignment_sweep(local, xb, measure, family, u, noise=noise, order=order, subset=True),
         lambda: local,
     )
     new = local.labels

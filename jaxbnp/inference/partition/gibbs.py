@@ -145,6 +145,7 @@ def assignment_sweep(
     order: jax.Array | None = None,
     block_size: int = BLOCK_SIZE,
     num_steps: jax.Array | None = None,
+    subset: bool = False,
 ) -> ClusterState:
     """Visit the points listed in ``order`` (default ``0..n-1``; repeats allowed); each
     leaves its cluster and joins one drawn from ``log w_k + log p(x_i | X_k)``.
@@ -152,6 +153,11 @@ def assignment_sweep(
     ``num_steps`` (a traced integer, default ``len(order)``): visit only the first
     ``num_steps`` entries of ``order`` (MAP-DP's padded fits: the rows after the data are
     not points).
+
+    ``subset``: ``X`` holds only some of the points that ``clusters``' counts and statistics
+    count (the sharded samplers' blocks), so a count may exceed ``n``: the count terms (a
+    slot's log weight, the own-cluster score's normaliser) are computed from each count
+    instead of looked up in tables over the counts ``0..n``.
 
     ``noise`` decides how: ``None`` takes the argmax (MAP-DP's iterated conditional
     modes step, docs/mathematics.md §3: the argmax of the conditional is the argmin of
@@ -204,14 +210,18 @@ def assignment_sweep(
     # log p(x_i) under the prior does not depend on the state: all points at once
     prior_log_pred = family.log_predictive_pairwise(X, prior_params)[:, 0]
     table = pack_params(params)
-    if removed_score:  # count terms of a cluster's predictive without the visited point
-        norms = family.removed_norms(jnp.arange(n + 1))
+    # count terms: tabulated over the counts 0..n once per sweep, or (a subset) computed
+    if subset:
+        def log_w_of(c):  # a slot's log weight depends on its count alone (and u)
+            return measure.gibbs_log_weights(jnp.atleast_1d(c), u)[0].reshape(jnp.shape(c))
+
+        norm_of = family.removed_norms if removed_score else None
+    else:
+        log_w_count = measure.gibbs_log_weights(jnp.arange(n + 1), u)[0]  # count 0: −inf
+        log_w_of = log_w_count.__getitem__
+        norm_of = family.removed_norms(jnp.arange(n + 1)).__getitem__ if removed_score else None
     stats_table = pack_stats(stats_in) if not rank_one else jnp.zeros((1, 1), X.dtype)
     zero_stats = jnp.zeros_like(stats_table[0])
-    # a slot's log weight depends on its count alone (and u, fixed in a sweep): tabulated once
-    # over the counts 0..n (count 0: −inf), and added to the block's scores at its start, so
-    # that a step reads joint log weights instead of taking a log per slot
-    log_w_count = measure.gibbs_log_weights(jnp.arange(n + 1), u)[0]
 
     def score(Xs, rows):
         return family.log_predictive_pairwise(Xs, unpack_params(rows))
@@ -226,8 +236,9 @@ def assignment_sweep(
             idx = lax.dynamic_slice_in_dim(padded, b * B, B)
             Xb = X[idx]
             own0 = labels[idx]
-        # (B, capacity) log w_k + log p(x | X_k) at the block's start
-        joint_b = score(Xb, table) + log_w_count[counts][None]
+        # (B, capacity) log w_k + log p(x | X_k) at the block's start (u is fixed in a sweep,
+        # so a step reads joint log weights instead of taking a log per slot)
+        joint_b = score(Xb, table) + log_w_of(counts)[None]
 
         def step(j, c):
             own, counts, table, stats_table, overflow, joint_b = c
@@ -242,7 +253,7 @@ def assignment_sweep(
             if rank_one:
                 row = unpack_params(table[old][None])
                 if removed_score:
-                    own_score = family.log_predictive_removed(row, x, norms[counts[old]])[0]
+                    own_score = family.log_predictive_removed(row, x, norm_of(counts[old]))[0]
                 else:
                     own_score = score(x[None], pack_params(family.params_remove(row, x)))[0, 0]
             else:
@@ -256,7 +267,7 @@ def assignment_sweep(
             log_new = measure.gibbs_log_weights(counts_out, u)[1]
             new_logit = log_new + prior_log_pred[i]
             free = counts_out == 0
-            joint = jnp.where(at_old, log_w_count[counts[old] - 1] + own_score, joint_b[j])
+            joint = jnp.where(at_old, log_w_of(counts[old] - 1) + own_score, joint_b[j])
             # one pass: the largest logit of an occupied slot and the first free slot
             top, free_slot = lax.reduce(
                 (joint, jnp.where(free, slots, capacity)),
@@ -291,7 +302,8 @@ def assignment_sweep(
                     up = pack_params(family.predictive_params(unpack_stats(stats_up[None])))[0]
                 table = lax.dynamic_update_index_in_dim(table, up, new, 0)
                 counts = jnp.where(slots == new, counts + 1, jnp.where(slots == old, counts - 1, counts))
-                fresh = score(Xb, table[jnp.stack([old, new])]) + log_w_count[counts[jnp.stack([old, new])]]
+                pair = jnp.stack([old, new])
+                fresh = score(Xb, table[pair]) + log_w_of(counts[pair])
                 joint_b = lax.dynamic_update_index_in_dim(joint_b, fresh[:, 0], old, 1)
                 joint_b = lax.dynamic_update_index_in_dim(joint_b, fresh[:, 1], new, 1)
                 own = jnp.where(idx == idx[j], new, own)  # repeats of i in the block see its new label
