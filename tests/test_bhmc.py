@@ -211,6 +211,11 @@ def test_kernel_under_numpyro_mcmc_gives_fit_bhmc_draws(monkeypatch, chain_metho
         bhmc.BHMCKernel(nested.nested_hdp_model, {"depth": 2})
     with pytest.raises(TypeError, match="unknown settings.*depth"):
         bhmc.BHMCKernel(nested.nested_hdp_model, depth=3)
+    with pytest.raises(ValueError, match="path_update must be one of"):
+        bhmc.BHMCKernel(nested.nested_hdp_model, path_update="gibs")
+    with pytest.raises(ValueError, match="init_params names \\['strat'\\]"):
+        MCMC(bhmc.BHMCKernel(nested.nested_hdp_model), num_warmup=0, num_samples=1).run(
+            key, jnp.asarray(X), hyper=fit.hyper, component_capacity=6, init_params={"strat": None})
 
 
 def test_the_kernel_reads_the_program():

@@ -184,6 +184,10 @@ class BHMCKernel(MCMCKernel):
         if unknown:
             raise TypeError(f"{name}: unknown settings {unknown}; the settings are {sorted(allowed)} (depth "
                             "and component_capacity are the program's).")
+        given = config._asdict() if config is not None else settings
+        for option, values in (("path_update", ("gibbs", "mh")), ("beta_rule", ("exact", "paper"))):
+            if option in given and given[option] not in values:
+                raise ValueError(f"{name}: {option} must be one of {values}, got {given[option]!r}.")
         self._model = model
         self._config = config
         self._settings = dict(settings)
@@ -259,6 +263,10 @@ class BHMCKernel(MCMCKernel):
         X, hyper = reading.X, reading.hyper
         model = model_constants(reading.mu0, reading.Sigma, reading.Sigma0, X.dtype)
         params = dict(init_params or {})
+        unknown = sorted(set(params) - {"rng_key", "chain", "start"})
+        if unknown:  # a misspelt name is an error, never a value dropped
+            raise ValueError(f"{type(self).__name__}: init_params names {unknown}; it takes 'rng_key', "
+                             "'chain' and 'start' (class docstring).")
         rng_key = typed_key(rng_key)  # jax.random.PRNGKey or jax.random.key: the same draws
         auto_enable()  # JAX's persistent compilation cache (jaxbnp.enable_compilation_cache)
         batched = not is_prng_key(rng_key)
