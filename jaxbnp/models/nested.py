@@ -62,6 +62,7 @@ from numpyro import handlers
 from numpyro.distributions import constraints
 
 from .._math import LOG_2PI, solve_triangular
+from .._pytree import is_concrete
 from ..errors import CapacityError
 
 __all__ = [
@@ -206,7 +207,7 @@ def model_constants(mu0, Sigma, Sigma0, dtype=None) -> BHMCModel:
     host (NumPy, float64) when the values are concrete, else in the program (they are traced,
     e.g. model arguments of a jitted run), in ``dtype``."""
     dtype = jnp.result_type(float) if dtype is None else dtype
-    host = not any(isinstance(a, jax.core.Tracer) for a in (mu0, Sigma, Sigma0))
+    host = all(is_concrete(a) for a in (mu0, Sigma, Sigma0))
     xp = np if host else jnp
     S, S0, mu0 = ((np.asarray(a, dtype=float) for a in (Sigma, Sigma0, mu0)) if host
                   else (jnp.asarray(a, dtype) for a in (Sigma, Sigma0, mu0)))

@@ -28,7 +28,9 @@ from .kernel import (
     GrowingNodes,
 )
 from .model import (
+    BETA_RULES,
     FAST_COMPILE,
+    PATH_UPDATES,
     BHMCConfig,
     BHMCState,
 )
@@ -185,9 +187,9 @@ def fit_bhmc(
     else:
         M = M_most = check_int("node_capacity", node_capacity, depth + 2)
     K = min(n, 64) if component_capacity is None else check_int("component_capacity", component_capacity, 1)
-    if path_update not in ("gibbs", "mh"):
+    if path_update not in PATH_UPDATES:
         raise ValueError(f"path_update must be 'gibbs' or 'mh', got {path_update!r}.")
-    if beta_rule not in ("exact", "paper"):
+    if beta_rule not in BETA_RULES:
         raise ValueError(f"beta_rule must be 'exact' or 'paper', got {beta_rule!r}.")
     given = None
     if isinstance(init, str):

@@ -23,9 +23,12 @@ from ..adapter import is_traced, numpyro_reads_every_step, step_checks_overflow,
 from ..base import run_chains
 from ..partition.clusters import raise_capacity_error_if, raise_capacity_error_on_host
 from .model import (
+    BETA_RULES,
+    PATH_UPDATES,
     BHMCConfig,
     BHMCHyper,
     BHMCInfo,
+    BHMCModel,
     BHMCState,
 )
 from .start import (
@@ -185,7 +188,7 @@ class BHMCKernel(MCMCKernel):
             raise TypeError(f"{name}: unknown settings {unknown}; the settings are {sorted(allowed)} (depth "
                             "and component_capacity are the program's).")
         given = config._asdict() if config is not None else settings
-        for option, values in (("path_update", ("gibbs", "mh")), ("beta_rule", ("exact", "paper"))):
+        for option, values in (("path_update", PATH_UPDATES), ("beta_rule", BETA_RULES)):
             if option in given and given[option] not in values:
                 raise ValueError(f"{name}: {option} must be one of {values}, got {given[option]!r}.")
         self._model = model
@@ -255,13 +258,18 @@ class BHMCKernel(MCMCKernel):
         """The :class:`BHMCConfig` given, if any (else the settings are read from the program)."""
         return self._config
 
+    def _setup(self, model_args, model_kwargs) -> tuple[_Reading, BHMCConfig, BHMCModel]:
+        """What ``init`` and ``sample`` need of the program: the reading, the settings and the
+        factored model constants."""
+        reading = self._read(model_args, model_kwargs)
+        model = model_constants(reading.mu0, reading.Sigma, reading.Sigma0, reading.X.dtype)
+        return reading, self._config_for(reading), model
+
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         # where an overflow is raised (NumPyro's progress bar, or a callback in the step)
         on_host = self.host_overflow_check and numpyro_reads_every_step(self, rng_key)
-        reading = self._read(model_args, model_kwargs)
-        config = self._config_for(reading)
+        reading, config, model = self._setup(model_args, model_kwargs)
         X, hyper = reading.X, reading.hyper
-        model = model_constants(reading.mu0, reading.Sigma, reading.Sigma0, X.dtype)
         params = dict(init_params or {})
         unknown = sorted(set(params) - {"rng_key", "chain", "start"})
         if unknown:  # a misspelt name is an error, never a value dropped
@@ -302,10 +310,8 @@ class BHMCKernel(MCMCKernel):
         return state._replace(overflow_on_host=() if on_host else None)
 
     def sample(self, state, model_args, model_kwargs):
-        reading = self._read(model_args, model_kwargs)
-        config = self._config_for(reading)
+        reading, config, model = self._setup(model_args, model_kwargs)
         X = reading.X
-        model = model_constants(reading.mu0, reading.Sigma, reading.Sigma0, X.dtype)
         core = algorithm(X, None, model, config)  # the pure core, this run's values
         if jnp.ndim(state.iteration) == 0:
             new = self._sample_one(state, X, core)

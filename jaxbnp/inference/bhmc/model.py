@@ -23,6 +23,8 @@ from ...models.nested import (  # the model's constants and nCRP pieces, re-expo
 
 __all__ = [
     "FAST_COMPILE",
+    "PATH_UPDATES",
+    "BETA_RULES",
     "BHMCConfig",
     "BHMCState",
     "BHMCHyper",
@@ -40,6 +42,9 @@ __all__ = [
 ]
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+#: the values of BHMCConfig's path_update and beta_rule
+PATH_UPDATES = ("gibbs", "mh")
+BETA_RULES = ("exact", "paper")
 
 
 class BHMCConfig(NamedTuple):
