@@ -143,13 +143,16 @@ SETTINGS = {
 
 
 # ----------------------------------------------------------------------------- data
-def make_data(n: int, d: int, k: int, cov: str, weights: str = "dirichlet", seed: int = 0):
+def make_data(n: int, d: int, k: int, cov: str, weights: str = "dirichlet", seed: int = 0,
+              responsibilities: bool = False):
     """``generate_gaussian_data(n, d, k, 100.0)`` of DPMMSubClusters.jl in NumPy: weights
     ~ Dirichlet(1) (``weights="uniform"``: all ``1/k``), sizes ~ Multinomial(n, weights),
     means ~ N(0, 100 I); covariances ~ inverse-Wishart(d + 2, I) (``cov="full"``) or
     diagonal with standard deviations ~ U(0.5, 1.5) (``cov="diag"``). Points shuffled;
     float32. Returns ``(X, y, oracle)``: ``oracle`` are the labels of the Bayes classifier
-    with the true weights, means and covariances (the NMI a clustering can hope for)."""
+    with the true weights, means and covariances (the NMI a clustering can hope for).
+    ``responsibilities=True``: also the ``(n, k)`` true posterior probabilities of each
+    point's component (a draw from them is the partition a posterior draw can hope for)."""
     from scipy.stats import invwishart
 
     rng = np.random.default_rng(seed)
@@ -179,6 +182,9 @@ def make_data(n: int, d: int, k: int, cov: str, weights: str = "dirichlet", seed
         else:
             r = (X - means[j]) / np.diag(L)
         logp[:, j] = np.log(w[j] + 1e-300) - np.log(np.diag(L)).sum() - 0.5 * np.einsum("nd,nd->n", r, r)
+    if responsibilities:
+        p = np.exp(logp - logp.max(1, keepdims=True))
+        return X.astype(np.float32), y, logp.argmax(1), p / p.sum(1, keepdims=True)
     return X.astype(np.float32), y, logp.argmax(1)
 
 

@@ -9,7 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ParameterPytree", "is_concrete", "concrete_value", "real_parameter", "tree_add"]
+__all__ = [
+    "ParameterPytree", "is_concrete", "concrete_value", "real_parameter", "require_finite",
+    "require_positive", "same_length", "tree_add",
+]
 
 
 def is_concrete(value: Any) -> bool:
@@ -48,6 +51,34 @@ def real_parameter(owner: str, name: str, value: Any, ndims=(0, 1)) -> np.ndarra
     if c.size == 0:
         raise ValueError(f"{owner}: {name} is empty (shape {c.shape}).")
     return c
+
+
+def require_positive(owner: str, name: str, value: Any, ndims=(0, 1)) -> None:
+    """A positive real hyperparameter (or vector of them): a clear error otherwise."""
+    c = real_parameter(owner, name, value, ndims)
+    if c is None:
+        return
+    if not np.all(np.isfinite(c)):
+        raise ValueError(f"{owner}: {name} must be finite, got {c}.")
+    if not np.all(c > 0):
+        raise ValueError(f"{owner}: {name} must be > 0, got {c}. Pass a positive value.")
+
+
+def require_finite(owner: str, name: str, value: Any, ndims=(0, 1)) -> None:
+    """A finite real hyperparameter (or vector of them)."""
+    c = real_parameter(owner, name, value, ndims)
+    if c is not None and not np.all(np.isfinite(c)):
+        raise ValueError(f"{owner}: {name} must be finite, got {c}.")
+
+
+def same_length(owner: str, names: tuple[str, str], values: tuple[Any, Any]) -> None:
+    """Two per-column hyperparameter vectors of one length."""
+    a, b = (concrete_value(v) for v in values)
+    if a is not None and b is not None and a.ndim == 1 and b.ndim == 1 and a.shape != b.shape:
+        raise ValueError(
+            f"{owner}: {names[0]} and {names[1]} must have the same length (one per column), "
+            f"got {a.shape[0]} and {b.shape[0]}."
+        )
 
 
 class ParameterPytree:

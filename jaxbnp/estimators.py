@@ -445,7 +445,8 @@ METHOD_OPTIONS = {
                    "chain_batching"),
     "tgmcmc": ("num_global_moves", "depth", "init", "local_moves", "chain_batching", "trees",
                "max_parts"),
-    "subcluster": ("num_launch_sweeps", "sharpness", "init_strategy", "chain_batching", "mesh"),
+    "subcluster": ("num_launch_sweeps", "sharpness", "init_strategy", "chain_batching", "mesh",
+                   "num_absorb_moves", "num_reassign_moves"),
     "mapdp": ("n_restarts", "mode", "tol", "max_iter", "block_size", "split_moves", "merge_moves",
               "init", "init_clusters"),
     "auxiliary": ("num_sweeps", "num_split_merge", "num_param_steps", "step_size", "init_strategy",
@@ -600,8 +601,9 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
     :param method_options: extra keyword options of the method's kernel (see
         ``METHOD_OPTIONS``), e.g. ``{"num_split_merge": 5}`` or, for MAP-DP,
         ``{"init": "one", "n_restarts": 4}``; ``"subcluster"`` takes
-        ``num_launch_sweeps``, ``sharpness``, ``init_strategy``, ``chain_batching`` and
-        ``mesh`` (a ``jax.sharding.Mesh`` whose first axis shards the points). An
+        ``num_launch_sweeps``, ``sharpness``, ``init_strategy``, ``chain_batching``,
+        ``num_absorb_moves``, ``num_reassign_moves`` and ``mesh`` (a
+        ``jax.sharding.Mesh`` whose first axis shards the points). An
         ``init_strategy`` given here replaces ``init``. Split-merge's
         ``num_split_merge`` defaults to 5.
     :param random_state: integer seed of the ``jax.random.key``; ``None``

@@ -221,10 +221,13 @@ def _subcluster_reference(n=2300, C=16, num_iterations=12, measure=bnp.DP(1.0)):
     """``subcluster.step`` iterated in memory from one cluster, keys split from key 5: the
     slot labels after each iteration."""
     X, family = _blobs(n)
-    step = jax.jit(subcluster.step, static_argnames=("capacity", "num_launch_sweeps"))
+    step = jax.jit(subcluster.step, static_argnames=("capacity", "num_launch_sweeps",
+                                                     "num_absorb_moves", "num_reassign_moves"))
     labels, out = jnp.zeros(n, jnp.int32), []
     for k in jax.random.split(jax.random.key(5), num_iterations):
-        labels = step(k, labels, jnp.asarray(X), measure, family, capacity=C)[0]
+        # the streamed chain runs no absorb or reassign moves (fit_subcluster_chunked)
+        labels = step(k, labels, jnp.asarray(X), measure, family, capacity=C, num_absorb_moves=0,
+                      num_reassign_moves=0)[0]
         out.append(np.asarray(labels))
     return out
 

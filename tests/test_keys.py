@@ -106,11 +106,11 @@ ENTRIES = {
     "CollapsedGibbs/alpha": _partition(bnp.CollapsedGibbs, alpha_model, update_hyperparameters=True),
     "SplitMerge": _partition(bnp.SplitMerge, num_split_merge=2),
     "TreeGuidedMCMC": _partition(bnp.TreeGuidedMCMC),
-    "SubClusterMCMC": _partition(bnp.SubClusterMCMC, capacity=6),
+    "SubClusterMCMC": _partition(bnp.SubClusterMCMC, capacity=12),
     # NumPyro splits the key for the chains, then puts the split keys into the warmed-up state
     # as they are (legacy key data in the kernel's state): both paths in one entry
     "SubClusterMCMC/2 chains, warmup then run": _MCMCEntry(
-        lambda: bnp.SubClusterMCMC(dp_model, capacity=6), num_chains=2, warmup_then_run=True),
+        lambda: bnp.SubClusterMCMC(dp_model, capacity=12), num_chains=2, warmup_then_run=True),
     "AuxiliaryGibbs": _MCMCEntry(lambda: bnp.AuxiliaryGibbs(student_model), num_chains=2, extra=("log_joint",)),
     "SliceGibbs": _MCMCEntry(lambda: bnp.SliceGibbs(slice_model), num_chains=2, extra=("log_joint",)),
     "PartitionKernel": _MCMCEntry(lambda: bnp.PartitionKernel(

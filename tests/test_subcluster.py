@@ -48,7 +48,8 @@ X = jnp.asarray(centres[np.arange(n) % 3] + rng.normal(size=(n, 2)))
 family = bnp.NormalGamma(np.zeros(2), 0.1, 2.0, np.ones(2))
 measure = bnp.DP(1.0)
 mesh = sharded.make_mesh()
-static = ("capacity", "num_launch_sweeps")
+static = ("capacity", "num_launch_sweeps", "num_absorb_moves", "num_reassign_moves")
+moves = dict(num_absorb_moves=2, num_reassign_moves=8)  # the cleanup moves sharded too (§7)
 one = jax.jit(subcluster.iteration, static_argnames=static)
 many = jax.jit(subcluster.sharded_iteration(mesh), static_argnames=static)
 valid = jnp.ones(n, bool)
@@ -57,13 +58,15 @@ iterations = []
 for t in range(20):
     k_noise, k_iter = jax.random.split(jax.random.key(t))
     noise = subcluster.point_noise(k_noise, n, T, X.dtype)
-    a, ca, _, _, ia = one(k_iter, noise, X, valid, a, measure, family, capacity=C, num_launch_sweeps=T)
-    b, cb, _, _, ib = many(k_iter, noise, X, valid, b, measure, family, capacity=C, num_launch_sweeps=T)
+    a, ca, _, _, ia = one(k_iter, noise, X, valid, a, measure, family, capacity=C, num_launch_sweeps=T, **moves)
+    b, cb, _, _, ib = many(k_iter, noise, X, valid, b, measure, family, capacity=C, num_launch_sweeps=T, **moves)
     iterations.append(dict(
         same_labels=bool(np.array_equal(np.asarray(a), np.asarray(b))),
         same_counts=bool(np.array_equal(np.asarray(ca), np.asarray(cb))),
-        same_info=[int(ia.num_splits), int(ia.num_merges), int(ia.mh.num_proposed), bool(ia.labels_accepted)]
-        == [int(ib.num_splits), int(ib.num_merges), int(ib.mh.num_proposed), bool(ib.labels_accepted)],
+        same_info=[int(ia.num_splits), int(ia.num_merges), int(ia.mh.num_proposed), bool(ia.labels_accepted),
+                   int(ia.num_absorbs)]
+        == [int(ib.num_splits), int(ib.num_merges), int(ib.mh.num_proposed), bool(ib.labels_accepted),
+            int(ib.num_absorbs)],
         num_clusters=int(np.sum(np.asarray(ca) > 0)), num_splits=int(ia.num_splits),
         num_merges=int(ia.num_merges)))
 

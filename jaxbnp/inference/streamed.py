@@ -400,9 +400,11 @@ def fit_subcluster_chunked(
     read ``num_launch_sweeps + 5`` times per iteration) and every per-point draw comes from
     the same per-point uniforms (:func:`point_noise`), so for the same ``key`` this is the
     chain of :func:`step` iterated ``num_iterations`` times with keys
-    ``jax.random.split(key, num_iterations)``, up to the summation order of the statistics
-    (float rounding). Device memory holds one chunk and its per-point work; the labels
-    (``4 n`` bytes) stay on the device, and within an iteration the proposed labels and
+    ``jax.random.split(key, num_iterations)`` and no absorb or reassign moves
+    (``num_absorb_moves=0, num_reassign_moves=0``: each move would read the data again;
+    docs/mathematics.md §7), up to the summation order of the statistics (float rounding).
+    Device memory holds one chunk and its per-point work; the labels (``4 n`` bytes) stay on
+    the device, and within an iteration the proposed labels and
     label blocks, then each point's side of its pair's proposal (``8 n`` bytes at most).
 
     The points are cut into ``ceil(n / chunk_size)`` chunks of equal size (the last one

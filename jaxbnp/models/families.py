@@ -53,7 +53,9 @@ from .._math import JAX_MATH as _JAX_MATH
 from .._math import LOG_2PI
 from .._math import NUMPY_MATH as _NUMPY_MATH
 
-from .._pytree import ParameterPytree, concrete_value, real_parameter
+from .._pytree import (
+    ParameterPytree, concrete_value, real_parameter, require_finite, require_positive, same_length,
+)
 from .._random import (
     log_beta_pair_from_uniform, log_dirichlet_from_uniform, loggamma_from_uniform, loggamma_uniforms,
     normal_from_uniform, split_uniform,
@@ -86,31 +88,6 @@ def _safe_log(p):
     """``log p`` with exact zeros (underflowed Dirichlet/Beta draws) sent to the log of the
     smallest positive normal number: finite, so that ``0 · log p`` in a matrix product is 0."""
     return jnp.log(jnp.maximum(p, jnp.finfo(jnp.result_type(p)).tiny))
-
-
-def _require_positive(owner: str, name: str, value: Any, ndims=(0, 1)) -> None:
-    c = real_parameter(owner, name, value, ndims)
-    if c is None:
-        return
-    if not np.all(np.isfinite(c)):
-        raise ValueError(f"{owner}: {name} must be finite, got {c}.")
-    if not np.all(c > 0):
-        raise ValueError(f"{owner}: {name} must be > 0, got {c}. Pass a positive value.")
-
-
-def _require_finite(owner: str, name: str, value: Any, ndims=(0, 1)) -> None:
-    c = real_parameter(owner, name, value, ndims)
-    if c is not None and not np.all(np.isfinite(c)):
-        raise ValueError(f"{owner}: {name} must be finite, got {c}.")
-
-
-def _same_length(owner: str, names: tuple[str, str], values: tuple[Any, Any]) -> None:
-    a, b = (concrete_value(v) for v in values)
-    if a is not None and b is not None and a.ndim == 1 and b.ndim == 1 and a.shape != b.shape:
-        raise ValueError(
-            f"{owner}: {names[0]} and {names[1]} must have the same length (one per column), "
-            f"got {a.shape[0]} and {b.shape[0]}."
-        )
 
 
 def _from_data_array(owner: str, X: Any, min_rows: int = 1) -> np.ndarray:
@@ -220,6 +197,12 @@ class Family(ParameterPytree):
         redraws of the Gamma variates' rejection step."""
         raise NotImplementedError
 
+    def log_params_density(self, params, stats) -> jax.Array:
+        """``log p(θ | X_c)``: the density of instantiated parameters under the conjugate
+        posterior given ``stats`` (the prior for zero statistics); batch axes are kept
+        (docs/mathematics.md §2, "Instantiated parameters")."""
+        raise NotImplementedError
+
     def log_likelihood(self, X: jax.Array, params) -> jax.Array:
         """``log p(x_i | θ_k)`` of every point ``X`` ``(n, D)`` under every component of
         ``params`` (leading axis ``K``): shape ``(n, K)`` (docs/mathematics.md §2,
@@ -278,11 +261,11 @@ class NormalGamma(Family):
     _fields = ("m0", "k0", "a0", "b0")
 
     def __init__(self, m0: Any = 0.0, k0: Any = 1.0, a0: Any = 1.0, b0: Any = 1.0):
-        _require_finite("NormalGamma", "m0", m0)
-        _require_positive("NormalGamma", "k0", k0, ndims=(0,))
-        _require_positive("NormalGamma", "a0", a0, ndims=(0,))
-        _require_positive("NormalGamma", "b0", b0)
-        _same_length("NormalGamma", ("m0", "b0"), (m0, b0))
+        require_finite("NormalGamma", "m0", m0)
+        require_positive("NormalGamma", "k0", k0, ndims=(0,))
+        require_positive("NormalGamma", "a0", a0, ndims=(0,))
+        require_positive("NormalGamma", "b0", b0)
+        same_length("NormalGamma", ("m0", "b0"), (m0, b0))
         self._set(m0=m0, k0=k0, a0=a0, b0=b0)
 
     def unconstrained(self) -> dict:
@@ -377,6 +360,12 @@ class NormalGamma(Family):
         mu = mn + normal_from_uniform(u_mu) / jnp.sqrt(kn * lam)
         return NormalGammaComponent(mu, lam)
 
+    def log_params_density(self, params, stats):
+        kn, mn, an, bn = self._posterior(stats)
+        mu, lam = params
+        gamma = an * jnp.log(bn) - gammaln(an) + (an - 1.0) * jnp.log(lam) - bn * lam
+        return jnp.sum(gamma + 0.5 * (jnp.log(kn * lam) - LOG_2PI - kn * lam * (mu - mn) ** 2), -1)
+
     def log_likelihood(self, X, params):
         """``log N(x_i | μ_k, diag(λ_k)⁻¹)``, shape ``(n, K)`` (docs/mathematics.md §2,
         "Instantiated parameters"). The quadratic form is expanded,
@@ -450,9 +439,9 @@ class NormalWishart(Family):
     _fields = ("m0", "r", "nu", "psi")
 
     def __init__(self, m0: Any, r: Any, nu: Any, psi: Any):
-        _require_finite("NormalWishart", "m0", m0, ndims=(1,))
-        _require_positive("NormalWishart", "r", r, ndims=(0,))
-        _require_finite("NormalWishart", "nu", nu, ndims=(0,))
+        require_finite("NormalWishart", "m0", m0, ndims=(1,))
+        require_positive("NormalWishart", "r", r, ndims=(0,))
+        require_finite("NormalWishart", "nu", nu, ndims=(0,))
         psi_c = real_parameter("NormalWishart", "psi", psi, ndims=(0, 1, 2))
         m0_c = concrete_value(m0)
         if psi_c is not None:
@@ -762,6 +751,15 @@ class NormalWishart(Family):
         mean = mn + (U @ y)[..., 0] / jnp.sqrt(jnp.broadcast_to(rn, batch))[..., None]
         return NormalWishartComponent(mean, precision)
 
+    def log_params_density(self, params, stats):
+        """``log Wishart(Λ | ν_n, Ψ_n⁻¹) + log N(μ | m_n, (r_n Λ)⁻¹)``."""
+        m, (rn, nun, mn, psin), (mu, P) = _JAX_MATH, self._posterior(stats), params
+        d, logdet = P.shape[-1], _JAX_MATH.logdet_pd(P)
+        quad = jnp.einsum("...i,...ij,...j->...", mu - mn, P, mu - mn)
+        wishart = (0.5 * (nun - d - 1.0) * logdet - 0.5 * jnp.sum(psin * P, (-2, -1)) - m.multigammaln(0.5 * nun, d)
+                   + 0.5 * nun * (m.logdet_pd(psin) - d * jnp.log(2.0)))
+        return wishart + 0.5 * (d * jnp.log(rn) + logdet - d * LOG_2PI - rn * quad)
+
     def log_likelihood(self, X, params):
         """``log N(x_i | μ_k, Λ_k⁻¹)``, shape ``(n, K)`` (docs/mathematics.md §2, "Instantiated
         parameters"). The quadratic form is expanded, ``xᵀΛx − 2 xᵀΛμ + μᵀΛμ``, so the whole
@@ -826,7 +824,7 @@ class DirichletMultinomial(Family):
     data_kind = "counts"
 
     def __init__(self, beta: Any = 1.0):
-        _require_positive("DirichletMultinomial", "beta", beta)
+        require_positive("DirichletMultinomial", "beta", beta)
         self._set(beta=beta)
 
     def unconstrained(self) -> dict:
@@ -885,6 +883,11 @@ class DirichletMultinomial(Family):
         alpha = self._beta(stats.counts.shape[-1]) + stats.counts
         return jnp.exp(log_dirichlet_from_uniform(u[0], alpha, key))
 
+    def log_params_density(self, params, stats):
+        alpha = self._beta(stats.counts.shape[-1]) + stats.counts
+        lp = jnp.sum((alpha - 1.0) * _safe_log(params) - gammaln(alpha), -1)
+        return lp + gammaln(jnp.sum(alpha, -1))
+
     def log_likelihood(self, X, params):
         """``Σ_w x_w log θ_kw``, shape ``(n, K)``: one matrix product ``X (log θ)ᵀ``
         (docs/mathematics.md §2, "Instantiated parameters"). The multinomial coefficient is
@@ -919,9 +922,9 @@ class BetaBernoulli(Family):
     data_kind = "binary"
 
     def __init__(self, a: Any = 1.0, b: Any = 1.0):
-        _require_positive("BetaBernoulli", "a", a)
-        _require_positive("BetaBernoulli", "b", b)
-        _same_length("BetaBernoulli", ("a", "b"), (a, b))
+        require_positive("BetaBernoulli", "a", a)
+        require_positive("BetaBernoulli", "b", b)
+        same_length("BetaBernoulli", ("a", "b"), (a, b))
         self._set(a=a, b=b)
 
     def unconstrained(self) -> dict:
@@ -979,6 +982,10 @@ class BetaBernoulli(Family):
         a, b = self._beta_params(stats)
         log_p, _ = log_beta_pair_from_uniform(u[0], a, b, key)
         return jnp.exp(log_p)
+
+    def log_params_density(self, params, stats):
+        a, b = self._beta_params(stats)
+        return jnp.sum((a - 1.0) * _safe_log(params) + (b - 1.0) * _safe_log(1.0 - params) - _log_beta(a, b), -1)
 
     def log_likelihood(self, X, params):
         """``Σ_d [x_d log θ_kd + (1 − x_d) log(1 − θ_kd)]``, shape ``(n, K)``: two matrix

@@ -709,6 +709,12 @@ class SubClusterMCMC(PartitionKernel):
     :param chain_batching: as for :class:`CollapsedGibbs`.
     :param mesh: a ``jax.sharding.Mesh`` whose first axis shards the points
         (``jaxbnp.inference.sharded.make_mesh()``); ``None``: one device.
+    :param num_absorb_moves: absorb moves per iteration (docs/mathematics.md §7): a cluster's
+        parameters refitted beside a held neighbour, with the neighbour's points summed out,
+        so that two components sharing one cluster can become one. ``0``: none.
+    :param num_reassign_moves: reassign moves per iteration (§7): one point of a uniformly
+        chosen cluster moved by its collapsed conditional, so that a stray cluster of a few
+        points dissolves. ``0``: none.
 
     Extra fields: ``log_joint``, ``num_clusters``, ``num_accepted`` and ``num_proposed``
     (split and merge proposals of the iteration), ``mean_log_accept``.
@@ -732,10 +738,14 @@ class SubClusterMCMC(PartitionKernel):
         update_hyperparameters: bool = False,
         chain_batching: str = "auto",
         mesh=None,
+        num_absorb_moves: int = subcluster.DEFAULT_ABSORB_MOVES,
+        num_reassign_moves: int = subcluster.DEFAULT_REASSIGN_MOVES,
     ):
         num_launch_sweeps = check_int("num_launch_sweeps", num_launch_sweeps)
         super().__init__(
-            model, subcluster.subcluster_move(num_launch_sweeps, mesh=mesh, sharpness=sharpness),
+            model, subcluster.subcluster_move(num_launch_sweeps, mesh=mesh, sharpness=sharpness,
+                                              num_absorb_moves=num_absorb_moves,
+                                              num_reassign_moves=num_reassign_moves),
             capacity=capacity,
             init_strategy=init_strategy, update_hyperparameters=update_hyperparameters,
             chain_batching=chain_batching,

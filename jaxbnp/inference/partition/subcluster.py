@@ -60,6 +60,8 @@ set()
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -68,7 +70,8 @@ from jax import lax
 from jax.scipy.special import gammaln
 
 from ..._random import (
-    cut, log_dirichlet_from_uniform, loggamma_uniforms, sizes, typed_key, uniform, uniform_rows,
+    cut, log_beta_pair, log_dirichlet_from_uniform, loggamma_uniforms, sizes, typed_key, uniform,
+    uniform_rows,
 )
 from ..._ranks import permutation
 from ..._validation import check_int, check_real
@@ -93,6 +96,11 @@ __all__ = [
 LABEL_BLOCKS = 32
 #: default power of the launch's probabilities in the split proposal (§7)
 DEFAULT_SHARPNESS = 10.0
+#: launch sweeps of an absorb move (§7, "Absorb moves")
+ABSORB_SWEEPS = 6
+#: absorb moves and reassign moves per iteration by default (§7; benchmarks/subcluster_seeds.py)
+DEFAULT_ABSORB_MOVES = 1
+DEFAULT_REASSIGN_MOVES = 8
 
 
 class SubClusterState(NamedTuple):
@@ -125,12 +133,14 @@ class SubClusterInfo(NamedTuple):
         (pairs whose proposal changes the partition).
     labels_accepted: the fraction of the label step's blocks whose proposal was kept (§7).
     num_splits, num_merges: accepted splits and merges.
+    num_absorbs: accepted absorb moves that emptied a slot (§7, "Absorb moves").
     """
 
     mh: MHInfo
     labels_accepted: jax.Array
     num_splits: jax.Array
     num_merges: jax.Array
+    num_absorbs: jax.Array
 
 
 def check_measure(measure, owner: str = "SubClusterMCMC") -> None:
@@ -325,11 +335,13 @@ def label_draws(rng, measure, family, counts, stats, dtype):
     return a, log_w, params
 
 
-def propose_labels(X, noise, valid, labels, log_w, params, family, T: int):
+def propose_labels(X, noise, valid, labels, log_w, params, family, T: int, ll=None):
     """Pass: every point's proposed label, its block, and each block's change of counts
-    ``(LABEL_BLOCKS, C)`` (a sum over points)."""
+    ``(LABEL_BLOCKS, C)`` (a sum over points). ``ll``: ``family.log_likelihood(X, params)``
+    when the caller has it."""
     B, C = LABEL_BLOCKS, log_w.shape[0]
-    proposal = _categorical_from_uniform(family.log_likelihood(X, params) + log_w, noise[:, 0])
+    ll = family.log_likelihood(X, params) if ll is None else ll
+    proposal = _categorical_from_uniform(ll + log_w, noise[:, 0])
     # the points fall in LABEL_BLOCKS random blocks; each block's proposal is accepted or
     # not in turn (with w and θ held, each is a valid MH step): a cluster that the proposal
     # would close then blocks one block, not every label
@@ -478,18 +490,251 @@ def split_kinds(counts, pairs: _Pairs):
     return act_a != act_b, act_a & act_b
 
 
-def _info(acc, proposed, log_acc, split_pair, merge_pair, labels_ok):
+def _info(acc, proposed, log_acc, split_pair, merge_pair, labels_ok, num_absorbed):
     return SubClusterInfo(
         MHInfo(jnp.sum(acc).astype(jnp.int32), jnp.sum(proposed).astype(jnp.int32),
                jnp.sum(log_acc).astype(jnp.float32), jnp.sum(proposed).astype(jnp.int32)),
         labels_ok, jnp.sum(acc & split_pair).astype(jnp.int32),
-        jnp.sum(acc & merge_pair).astype(jnp.int32),
+        jnp.sum(acc & merge_pair).astype(jnp.int32), num_absorbed,
     )
+
+
+# ----------------------------------------------------------------------------- absorb moves
+def _weighted_sum(flat, unflatten, weight, axis_name):
+    """The family statistics ``Σ_i weight_i s(x_i)`` (one pytree, no leading axis) from the
+    points' statistics flattened to an ``(n, S)`` matrix: one matrix-vector product."""
+    return unflatten(_psum(weight.astype(flat.dtype) @ flat, axis_name))
+
+
+def _log_beta_density(lv, l1v, p, q):
+    """``log Beta(v | p, q)`` from ``log v`` and ``log(1 − v)``."""
+    return (p - 1.0) * lv + (q - 1.0) * l1v - (gammaln(p) + gammaln(q) - gammaln(p + q))
+
+
+def _slot(tree, k):
+    return jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, k, axis=0, keepdims=False), tree)
+
+
+def absorb_moves(key, X, valid, labels, counts, stats, log_w, params, ll, measure, family, a,
+                 num_moves: int, num_sweeps: int, axis_name=None):
+    """``num_moves`` absorb moves in turn (§7, "Absorb moves"), each on the instantiated
+    state of the label step: weights ``log_w``, parameters ``params`` and their ``(n, C)``
+    log-likelihoods ``ll``.
+
+    A move picks an occupied slot ``c`` uniformly and a partner ``h ≠ c`` with probability
+    ``(1/N_c) Σ_{i in c} f(x_i | θ_h) / Σ_{k≠c} f(x_i | θ_k)`` (the slot that best explains
+    ``c``'s points after ``c``); holding ``θ_h``, it proposes new parameters
+    for ``c`` and a new split ``v`` of the pair's weight, either fitted to the pair's union
+    ``U`` with ``h`` all but emptied (an absorb) or fitted to the part of ``U`` that a
+    ``num_sweeps``-sweep launch beside ``θ_h`` gives ``c`` (the reverse), then redraws the
+    labels of ``U`` between the two. Metropolis-Hastings with the labels of ``U`` summed
+    out (the finite mixture's ratio), then the count correction of the label step
+    (delayed acceptance): exact for the partition posterior.
+
+    :returns: ``(labels, counts, stats, num_absorbed)``, the last the number of accepted
+        moves that emptied a slot.
+    """
+    C, T, M = counts.shape[0], int(num_sweeps), int(num_moves)
+    dtype = log_w.dtype
+    n_local = X.shape[0]
+    ps = family.point_stats(X)
+    start = 0 if axis_name is None else lax.axis_index(axis_name) * n_local
+    u_pts = uniform_rows(jax.random.fold_in(key, 0), start, n_local, M, dtype)
+    leaves, treedef = jax.tree.flatten(ps)
+    flat = jnp.concatenate([x.reshape(n_local, -1).astype(dtype) for x in leaves], axis=1)
+    widths = [math.prod(x.shape[1:]) for x in leaves]
+
+    def unflatten(v):
+        parts = jnp.split(v, list(itertools.accumulate(widths))[:-1])
+        return jax.tree.unflatten(treedef, [p.reshape(x.shape[1:]).astype(x.dtype)
+                                            for p, x in zip(parts, leaves)])
+    zero_stats = jax.tree.map(lambda s: jnp.zeros(s.shape[1:], s.dtype), stats)
+    slots = jnp.arange(C)
+
+    def one_param(theta):
+        return jax.tree.map(lambda x: x[None], theta)
+
+    def loglik(theta):
+        return family.log_likelihood(X, one_param(theta))[:, 0].astype(dtype)
+
+    def move(carry, m):
+        labels, counts, stats, log_w, params, ll_t, num = carry
+        k = jax.random.split(jax.random.fold_in(key, m + 1), 2 * T + 6)
+        u = jax.random.uniform(k[0], (5,), dtype)
+        # c uniform over the occupied slots; h from the other slots' responsibilities for
+        # c's points, averaged (they read only the parameters of slots other than c, which
+        # the move keeps)
+        occupied = counts > 0
+        num_occupied = jnp.sum(occupied)
+        c = _categorical_from_uniform(jnp.where(occupied, 0.0, -jnp.inf)[None], u[0:1])[0]
+        others = jnp.where(slots[:, None] == c, -jnp.inf, ll_t)
+        resp_h = jnp.exp(others - jax.nn.logsumexp(others, axis=0))  # (C, n)
+        pick = _psum(resp_h @ (valid & (labels == c)).astype(dtype), axis_name)  # (C,)
+        h = _categorical_from_uniform(jnp.log(pick)[None], u[1:2])[0]
+        in_u = valid & ((labels == c) | (labels == h))
+        n_u = counts[c] + counts[h]
+        stats_u = jax.tree.map(lambda s: s[c] + s[h], stats)
+        f_h, f_c = ll_t[h], ll_t[c]
+        # the launch beside the held θ_h, a law of U and θ_h alone: T sweeps of c's
+        # responsibilities against h, then parameters and weights given the expected
+        # statistics
+        theta = family.sample_params(k[1], stats_u)
+        lw = jnp.full((2,), jnp.log(0.5), dtype)
+        nu_ = n_u.astype(dtype)
+        for t in range(T):
+            resp = jnp.where(in_u, jax.nn.sigmoid(lw[0] - lw[1] + loglik(theta) - f_h), 0.0)
+            stats_a = _weighted_sum(flat, unflatten, resp, axis_name)
+            n_a = _psum(jnp.sum(resp), axis_name)
+            if t < T - 1:
+                theta = family.sample_params(k[2 + 2 * t], stats_a)
+                lw = jnp.stack(log_beta_pair(k[3 + 2 * t], n_a + 1.0, nu_ - n_a + 1.0)).astype(dtype)
+        ab = ((nu_ + a, a), (n_a + a, nu_ - n_a + a))  # Beta shapes of v: absorb, launch
+
+        def log_q(theta, lv, l1v):
+            one = (family.log_params_density(theta, stats_u) + _log_beta_density(lv, l1v, *ab[0]))
+            two = (family.log_params_density(theta, stats_a) + _log_beta_density(lv, l1v, *ab[1]))
+            return jnp.logaddexp(one, two) - jnp.log(2.0)
+
+        def log_target(theta, lv, l1v, f):
+            # the labels of U summed out
+            lik = jnp.where(in_u, jnp.logaddexp(lv + f, l1v + f_h), 0.0)
+            return (family.log_params_density(theta, zero_stats) + (a - 1.0) * (lv + l1v)
+                    + _psum(jnp.sum(lik), axis_name))
+
+        # the proposal: an absorb or the launch's fit, with probability 1/2 each
+        absorb = u[2] < 0.5
+        prop_stats = jax.tree.map(lambda x, y: jnp.where(absorb, x, y), stats_u, stats_a)
+        theta_new = family.sample_params(k[2 * T + 2], prop_stats)
+        lv_new, l1v_new = log_beta_pair(k[2 * T + 3], jnp.where(absorb, ab[0][0], ab[1][0]),
+                                        jnp.where(absorb, ab[0][1], ab[1][1]))
+        lv_new, l1v_new = lv_new.astype(dtype), l1v_new.astype(dtype)
+        log_s = jnp.logaddexp(log_w[c], log_w[h])
+        lv, l1v = log_w[c] - log_s, log_w[h] - log_s
+        theta_c = _slot(params, c)
+        f_new = loglik(theta_new)
+        # the labels of U redrawn between c and h given the proposed state
+        to_c = u_pts[:, m] < jax.nn.sigmoid(lv_new + f_new - l1v_new - f_h)
+        new_labels = jnp.where(in_u, jnp.where(to_c, c, h), labels)
+        n_c_new = _psum(jnp.sum((in_u & to_c).astype(counts.dtype)), axis_name).astype(counts.dtype)
+        counts_new = counts.at[c].set(n_c_new).at[h].set(n_u - n_c_new)
+        # the probability of choosing (c, h) from the new state: 0 when c has emptied
+        pick_new = _psum(jnp.sum(jnp.where(in_u & to_c, resp_h[h], 0.0)), axis_name)
+        log_sel = (jnp.log(pick_new) - jnp.log(n_c_new.astype(dtype)) - jnp.log(jnp.sum(counts_new > 0))
+                   - jnp.log(pick[h]) + jnp.log(counts[c].astype(dtype)) + jnp.log(num_occupied))
+        log_r1 = (log_target(theta_new, lv_new, l1v_new, f_new) - log_target(theta_c, lv, l1v, f_c)
+                  + log_q(theta_c, lv, l1v) - log_q(theta_new, lv_new, l1v_new) + log_sel)
+        log_r2 = _log_correction(measure, counts_new, a) - _log_correction(measure, counts, a)
+        ok = (jnp.log(u[3]) < log_r1) & (jnp.log(u[4]) < log_r2)
+        stats_c = _weighted_sum(flat, unflatten, in_u & to_c, axis_name)
+        stats_h = _weighted_sum(flat, unflatten, in_u & ~to_c, axis_name)
+
+        def put(tree, k_, value):
+            return jax.tree.map(lambda x, v: x.at[k_].set(jnp.where(ok, v, x[k_])), tree, value)
+
+        num = num + (ok & (counts_new[h] == 0) & (counts[h] > 0)).astype(jnp.int32)
+        labels = jnp.where(ok, new_labels, labels)
+        counts = jnp.where(ok, counts_new, counts)
+        stats = put(put(stats, c, stats_c), h, stats_h)
+        log_w = log_w.at[c].set(jnp.where(ok, log_s + lv_new, log_w[c]))
+        log_w = log_w.at[h].set(jnp.where(ok, log_s + l1v_new, log_w[h]))
+        params = put(params, c, theta_new)
+        ll_t = lax.dynamic_update_index_in_dim(ll_t, jnp.where(ok, f_new, f_c), c, axis=0)
+        return (labels, counts, stats, log_w, params, ll_t, num), None
+
+    carry = (labels, counts, stats, log_w, params, ll.T.astype(dtype), jnp.int32(0))
+    (labels, counts, stats, _, _, _, num), _ = lax.scan(move, carry, jnp.arange(M))
+    return labels, counts, stats, num
+
+
+def reassign_moves(key, X, valid, labels, counts, stats, measure, family, num_moves: int,
+                   axis_name=None):
+    """``num_moves`` collapsed moves of one point each (§7, "Reassign moves"): an occupied
+    slot ``c`` chosen uniformly, a point ``i`` of it uniformly, and a new slot for ``i`` from
+    its collapsed conditional over the other clusters and a new one, accepted by
+    Metropolis-Hastings with the choice's probability (``1/(K N_c)``) in the ratio. Small
+    clusters are chosen as often as big ones, so a stray cluster of a few points dissolves
+    point by point where the posterior wants it gone.
+
+    :returns: ``(labels, counts, stats, num_closed)``, the last the number of accepted moves
+        that emptied a slot.
+    """
+    C, M = counts.shape[0], int(num_moves)
+    n_local = X.shape[0]
+    dtype = jnp.result_type(X.dtype, float)
+    ps = family.point_stats(X)
+    start = 0 if axis_name is None else lax.axis_index(axis_name) * n_local
+    # two uniforms per point and move: the point of c with the smallest pair is uniform
+    # over c's points (in float32 a tie of both has probability about N_c 2^-46)
+    u_pts = uniform_rows(jax.random.fold_in(key, 0), start, n_local, 2 * M, dtype)
+    slots = jnp.arange(C)
+
+    def pmin(x):
+        return x if axis_name is None else lax.pmin(x, axis_name)
+
+    def log_joint_terms(cnt, st):
+        """``log p(Π) + Σ log P(X_k) + log (C − K)!`` of the labelled target (§7)."""
+        marg = jnp.where(cnt > 0, family.log_marginal(st), 0.0)
+        return measure.log_eppf(cnt) + jnp.sum(marg) + gammaln(C - jnp.sum(cnt > 0) + 1.0)
+
+    def move(carry, m):
+        labels, counts, stats, num = carry
+        u = jax.random.uniform(jax.random.fold_in(key, m + 1), (3,), dtype)
+        occupied = counts > 0
+        K = jnp.sum(occupied)
+        c = _categorical_from_uniform(jnp.where(occupied, 0.0, -jnp.inf)[None], u[0:1])[0]
+        in_c = valid & (labels == c)
+        u1, u2 = u_pts[:, 2 * m], u_pts[:, 2 * m + 1]
+        cand = in_c & (u1 == pmin(jnp.min(jnp.where(in_c, u1, 2.0))))
+        chosen = cand & (u2 == pmin(jnp.min(jnp.where(cand, u2, 2.0))))
+        x = _psum(jnp.sum(jnp.where(chosen[:, None], X, 0.0), 0), axis_name).astype(X.dtype)
+        ps_i = family.point_stats(x)
+        # the state without i
+        cnt0 = counts.at[c].add(-1)
+        st0 = jax.tree.map(lambda s, p: s.at[c].add(-p), stats, ps_i)
+        st0 = jax.tree.map(lambda s: jnp.where((cnt0 > 0).reshape((C,) + (1,) * (s.ndim - 1)), s, 0.0), st0)
+        log_existing, log_new = measure.gibbs_log_weights(cnt0)
+        w = log_existing + family.log_predictive(x, st0).astype(dtype)  # -inf for empty slots
+        w_new = log_new + family.prior_log_predictive(x).astype(dtype)
+        # forward: another occupied slot, or a new cluster when c keeps other points
+        can_new = cnt0[c] > 0
+        fwd = jnp.where(slots == c, -jnp.inf, w)
+        logits = jnp.concatenate([fwd, jnp.where(can_new, w_new, -jnp.inf)[None]])
+        b = _categorical_from_uniform(logits[None], u[1:2])[0]
+        to_new = b == C
+        empty = cnt0 == 0
+        num_empty = jnp.sum(empty & (slots != c))
+        e = _categorical_from_uniform(jnp.where(empty & (slots != c), 0.0, -jnp.inf)[None], u[2:3])[0]
+        dest = jnp.where(to_new, e, b)
+        log_q = jax.nn.logsumexp(logits)  # minus log q of the forward choice
+        log_q = (jnp.where(to_new, w_new - jnp.log(jnp.maximum(num_empty, 1).astype(dtype)), w[dest])
+                 - log_q)
+        cnt1 = cnt0.at[dest].add(1)
+        st1 = jax.tree.map(lambda s, p: s.at[dest].add(p), st0, ps_i)
+        # reverse: from dest back to c (a new cluster in slot c when i was alone in c)
+        rev = jnp.where(slots == dest, -jnp.inf, w)
+        rev_logits = jnp.concatenate([rev, jnp.where(~to_new, w_new, -jnp.inf)[None]])
+        num_empty1 = jnp.sum(cnt1 == 0)
+        log_q_rev = (jnp.where(can_new, w[c], w_new - jnp.log(jnp.maximum(num_empty1, 1).astype(dtype)))
+                     - jax.nn.logsumexp(rev_logits))
+        log_sel = (jnp.log(K.astype(dtype)) + jnp.log(counts[c].astype(dtype))
+                   - jnp.log(jnp.sum(cnt1 > 0).astype(dtype)) - jnp.log(cnt1[dest].astype(dtype)))
+        log_r = (log_joint_terms(cnt1, st1) - log_joint_terms(counts, stats) + log_q_rev - log_q
+                 + log_sel)
+        ok = jnp.log(jax.random.uniform(jax.random.fold_in(key, M + m + 1), (), dtype)) < log_r
+        num = num + (ok & ~can_new).astype(jnp.int32)
+        labels = jnp.where(ok & chosen, dest, labels)
+        counts = jnp.where(ok, cnt1, counts)
+        stats = jax.tree.map(lambda a_, b_: jnp.where(ok, b_, a_), stats, st1)
+        return (labels, counts, stats, num), None
+
+    (labels, counts, stats, num), _ = lax.scan(move, (labels, counts, stats, jnp.int32(0)),
+                                               jnp.arange(M))
+    return labels, counts, stats, num
 
 
 def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
               num_launch_sweeps: int, sharpness: float = DEFAULT_SHARPNESS, axis_name=None,
-              totals=None):
+              totals=None, num_absorb_moves: int = 0, num_reassign_moves: int = 0):
     """One iteration on (a shard of) the points; module docstring and §7.
 
     :param key: the iteration's key (replicated over shards).
@@ -525,10 +770,27 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     #    blocked Gibbs step of a C-slot symmetric Dirichlet mixture, corrected to the
     #    measure's partition law by Metropolis-Hastings (clusters may empty or open)
     a, log_w, params = label_draws(rng, measure, family, counts, stats, dtype)
-    proposal, block, delta = propose_labels(X, noise, valid, labels, log_w, params, family, T)
+    ll = family.log_likelihood(X, params)
+    proposal, block, delta = propose_labels(X, noise, valid, labels, log_w, params, family, T, ll)
     counts, block_ok = accept_blocks(rng, measure, counts, a, psum(delta))
     labels = jnp.where(block_ok[block], proposal, labels)
     labels_ok = jnp.mean(block_ok.astype(dtype))
+    num_absorbed = jnp.int32(0)
+    if num_absorb_moves:
+        # 1b. absorb moves on the label step's weights and parameters (§7, "Absorb moves")
+        stats = segment_stats(ps, masked(labels), C, axis_name)[1]
+        labels, counts, stats, num_absorbed = absorb_moves(
+            jax.random.fold_in(typed_key(key), 1), X, valid, labels, counts, stats, log_w, params,
+            ll, measure, family, a, num_absorb_moves, ABSORB_SWEEPS, axis_name)
+    num_closed = jnp.int32(0)
+    if num_reassign_moves:
+        # 1c. single points moved between clusters, small clusters chosen as often as big
+        #     ones (§7, "Reassign moves")
+        if not num_absorb_moves:
+            stats = segment_stats(ps, masked(labels), C, axis_name)[1]
+        labels, counts, stats, num_closed = reassign_moves(
+            jax.random.fold_in(typed_key(key), 2), X, valid, labels, counts, stats, measure, family,
+            num_reassign_moves, axis_name)
 
     # 2. split/merge: a random matching of the slots, one launch per pair
     pairs = pairing(rng, C)
@@ -567,31 +829,35 @@ def iteration(key, noise, X, valid, labels, measure, family, capacity: int,
     labels = moved_labels(labels, side, pp, acc & split_pair, acc & merge_pair, l_slot, r_slot)
     counts, stats = segment_stats(ps, masked(labels), C, axis_name)
 
-    info = _info(acc, proposed, log_acc, split_pair, merge_pair, labels_ok)
+    info = _info(acc, proposed, log_acc, split_pair, merge_pair, labels_ok, num_absorbed + num_closed)
     state = SubClusterState(log_w, params, zbar, sub_lw, sub_params, pairs.pair)
     return labels, counts, stats, state, info
 
 
 def step(key, labels, X, measure, family, capacity: int, num_launch_sweeps: int = 3,
-         sharpness: float = DEFAULT_SHARPNESS):
+         sharpness: float = DEFAULT_SHARPNESS, num_absorb_moves: int = DEFAULT_ABSORB_MOVES,
+         num_reassign_moves: int = DEFAULT_REASSIGN_MOVES):
     """One iteration on one device: ``(labels, SubClusterState, SubClusterInfo)``.
 
     ``key`` is split into the per-point noise key and the iteration's key, as in
     :func:`subcluster_move`."""
     labels, _, _, state, info = _keyed_iteration(iteration, key, labels, X, measure, family,
-                                                 capacity, num_launch_sweeps, sharpness)
+                                                 capacity, num_launch_sweeps, sharpness,
+                                                 num_absorb_moves=num_absorb_moves,
+                                                 num_reassign_moves=num_reassign_moves)
     return labels, state, info
 
 
 def _keyed_iteration(run_iteration, key, labels, X, measure, family, capacity, num_launch_sweeps,
-                     sharpness, totals=None):
+                     sharpness, totals=None, num_absorb_moves=0, num_reassign_moves=0):
     """``run_iteration`` (:func:`iteration` or a :func:`sharded_iteration`) on all points from
     one key, split into the per-point noise key and the iteration's key."""
     X = jnp.asarray(X)
     k_noise, k_iter = jax.random.split(key)
     noise = point_noise(k_noise, X.shape[0], num_launch_sweeps, jnp.result_type(X.dtype, float))
     return run_iteration(k_iter, noise, X, jnp.ones(X.shape[0], bool), labels, measure, family,
-                         capacity, num_launch_sweeps, sharpness, totals=totals)
+                         capacity, num_launch_sweeps, sharpness, totals=totals,
+                         num_absorb_moves=num_absorb_moves, num_reassign_moves=num_reassign_moves)
 
 
 def sharded_iteration(mesh, axis_name: str | None = None):
@@ -609,7 +875,8 @@ def sharded_iteration(mesh, axis_name: str | None = None):
     num_shards = mesh.shape[axis]
 
     def fn(key, noise, X, valid, labels, measure, family, capacity: int, num_launch_sweeps: int,
-           sharpness: float = DEFAULT_SHARPNESS, totals=None):
+           sharpness: float = DEFAULT_SHARPNESS, totals=None, num_absorb_moves: int = 0,
+           num_reassign_moves: int = 0):
         n = X.shape[0]
         pad = (-n) % num_shards
 
@@ -618,7 +885,9 @@ def sharded_iteration(mesh, axis_name: str | None = None):
 
         def body(key, noise, X, valid, labels, measure, family, totals):
             return iteration(key, noise, X, valid, labels, measure, family, capacity,
-                             num_launch_sweeps, sharpness, axis_name=axis, totals=totals)
+                             num_launch_sweeps, sharpness, axis_name=axis, totals=totals,
+                             num_absorb_moves=num_absorb_moves,
+                             num_reassign_moves=num_reassign_moves)
 
         pts, rep = Ps(axis), Ps()
         state_specs = SubClusterState(rep, rep, pts, rep, rep, rep)
@@ -634,12 +903,18 @@ def sharded_iteration(mesh, axis_name: str | None = None):
     return fn
 
 
-def subcluster_move(num_launch_sweeps: int = 3, mesh=None, sharpness: float = DEFAULT_SHARPNESS) -> Move:
+def subcluster_move(num_launch_sweeps: int = 3, mesh=None, sharpness: float = DEFAULT_SHARPNESS,
+                    num_absorb_moves: int = DEFAULT_ABSORB_MOVES,
+                    num_reassign_moves: int = DEFAULT_REASSIGN_MOVES) -> Move:
     """The iteration as a :class:`~jaxbnp.inference.partition.moves.Move` (state:
     :class:`SubClusterState`; info: :class:`SubClusterInfo`, whose ``mh`` field the kernels
     report). DP and PitmanYor only (:func:`check_measure`). With ``mesh`` the points are
-    sharded over the mesh's first axis (:func:`sharded_iteration`): the same chain."""
+    sharded over the mesh's first axis (:func:`sharded_iteration`): the same chain.
+    ``num_absorb_moves`` and ``num_reassign_moves``: the iteration's absorb and reassign
+    moves (§7; ``0``: none)."""
     T = check_int("num_launch_sweeps", num_launch_sweeps, 0)
+    num_absorb_moves = check_int("num_absorb_moves", num_absorb_moves, 0)
+    num_reassign_moves = check_int("num_reassign_moves", num_reassign_moves, 0)
     sharpness = check_real("sharpness", sharpness, 0.0)
     if sharpness == 0.0:
         raise ValueError("sharpness must be > 0 (0 would propose every split alike), got 0.")
@@ -650,7 +925,8 @@ def subcluster_move(num_launch_sweeps: int = 3, mesh=None, sharpness: float = DE
         n, C = clusters.labels.shape[0], clusters.capacity
         labels, counts, stats, move_state, info = _keyed_iteration(
             run_iteration, key, clusters.labels, ctx.X, ctx.measure, ctx.family, C, T, sharpness,
-            totals=(clusters.counts, clusters.stats))
+            totals=(clusters.counts, clusters.stats), num_absorb_moves=num_absorb_moves,
+            num_reassign_moves=num_reassign_moves)
         # every slot in use: the chain could not split any more, so the capacity must grow
         full = (jnp.sum(counts > 0) >= C) & (C < n)
         new = ClusterState(labels, counts, stats, clusters.overflow | full)
@@ -664,7 +940,8 @@ def subcluster_move(num_launch_sweeps: int = 3, mesh=None, sharpness: float = DE
 
 
 def algorithm(X, measure, family, capacity: int | None = None, num_launch_sweeps: int = 3,
-              mesh=None, sharpness: float = DEFAULT_SHARPNESS):
+              mesh=None, sharpness: float = DEFAULT_SHARPNESS,
+              num_absorb_moves: int = None, num_reassign_moves: int = None):
     """The sub-cluster sampler in the one shape
     (:class:`~jaxbnp.inference.base.SamplingAlgorithm`): :func:`subcluster_move` run by
     :func:`jaxbnp.inference.partition.moves.algorithm` (``init(key, labels=None)``, one
@@ -672,5 +949,8 @@ def algorithm(X, measure, family, capacity: int | None = None, num_launch_sweeps
     iteration, the move's state its :class:`SubClusterState`, ``info.moves`` its
     :class:`SubClusterInfo`). A chain that fills every slot sets the state's ``overflow``."""
     check_measure(measure, "subcluster.algorithm")
-    return moves.algorithm(subcluster_move(num_launch_sweeps, mesh, sharpness), X, measure, family,
-                           capacity)
+    move = subcluster_move(
+        num_launch_sweeps, mesh, sharpness,
+        DEFAULT_ABSORB_MOVES if num_absorb_moves is None else num_absorb_moves,
+        DEFAULT_REASSIGN_MOVES if num_reassign_moves is None else num_reassign_moves)
+    return moves.algorithm(move, X, measure, family, capacity)
