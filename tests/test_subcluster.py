@@ -275,3 +275,20 @@ def test_full_capacity_raises_then_grows_under_the_runner():
     assert k.max() < result.capacity and k.min() >= 3
     for z in result.samples["z"].reshape(-1, X.shape[0]):  # the three groups, each whole
         assert len({tuple(np.unique(z[g * 10:(g + 1) * 10])) for g in range(3)}) == 3
+
+
+@pytest.mark.parametrize("family", [NG, bnp.NormalWishart(np.zeros(3), 0.5, 5.0, np.eye(3)),
+                                    bnp.BetaBernoulli()], ids=["NormalGamma", "NormalWishart",
+                                                               "BetaBernoulli"])
+def test_one_component_log_likelihood_is_a_column_of_the_matrix(family):
+    """The absorb move's one-component log-likelihood (the Gaussian families' direct form)
+    equals the column of ``family.log_likelihood``."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 3)) if not isinstance(family, bnp.BetaBernoulli) else \
+        (rng.random((40, 3)) < 0.4).astype(float)
+    stats = family.stats_from_labels(jnp.asarray(X), jnp.asarray(np.arange(40) % 4), 4)
+    params = family.sample_params(jax.random.key(1), stats)
+    full = np.asarray(family.log_likelihood(jnp.asarray(X), params))
+    for k in range(4):
+        one = subcluster.log_likelihood_one(family, X, jax.tree.map(lambda a, k=k: a[k], params))
+        np.testing.assert_allclose(np.asarray(one), full[:, k], rtol=1e-9, atol=1e-9)

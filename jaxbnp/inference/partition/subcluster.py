@@ -73,8 +73,13 @@ from ..._random import (
     cut, log_beta_pair, log_dirichlet_from_uniform, loggamma_uniforms, sizes, typed_key, uniform,
     uniform_rows,
 )
+from ... import _math
+from ..._math import LOG_2PI
 from ..._ranks import permutation
 from ..._validation import check_int, check_real
+from ...models.families import (
+    NormalGamma, NormalGammaComponent, NormalWishart, NormalWishartComponent, NormalWishartStats,
+)
 from .clusters import ClusterState, PartitionState
 from . import moves
 from .moves import MHInfo, Move
@@ -500,10 +505,47 @@ def _info(acc, proposed, log_acc, split_pair, merge_pair, labels_ok, num_absorbe
 
 
 # ----------------------------------------------------------------------------- absorb moves
-def _weighted_sum(flat, unflatten, weight, axis_name):
-    """The family statistics ``Σ_i weight_i s(x_i)`` (one pytree, no leading axis) from the
-    points' statistics flattened to an ``(n, S)`` matrix: one matrix-vector product."""
+def _weighted_sum(X, flat, unflatten, weight, axis_name):
+    """The family statistics ``Σ_i weight_i s(x_i)`` (one pytree, no leading axis). The
+    Gaussian families' from ``X`` (``Σ w x xᵀ = (w X)ᵀ X``: the ``n × D²`` outer products are
+    never read); the others' from the points' statistics flattened to an ``(n, S)`` matrix."""
+    if flat is None:
+        w = weight.astype(X.dtype)
+        wx = X * w[:, None]
+        full = unflatten is NormalWishartStats
+        sum_xx = wx.T @ X if full else jnp.sum(wx * X, 0)
+        return unflatten(*_psum((jnp.sum(w), jnp.sum(wx, 0), sum_xx), axis_name))
     return unflatten(_psum(weight.astype(flat.dtype) @ flat, axis_name))
+
+
+def log_likelihood_one(family, X, theta):
+    """One component's log-likelihood of every point, ``(n,)``. The Gaussian families take
+    ``x − μ`` directly: ``family.log_likelihood`` builds ``(n, D² + D + 1)`` features for
+    its matrix product, about ten times the memory traffic of ``X`` at ``D = 10``, which is
+    right for ``C`` components at once and wasteful for one."""
+    X = jnp.asarray(X)
+    if isinstance(theta, NormalWishartComponent):
+        L = _math.cholesky(theta.precision)  # Λ = L Lᵀ: (x − μ)ᵀ Λ (x − μ) = |(x − μ)ᵀ L|²
+        r = (X - theta.mean) @ L.astype(X.dtype)
+        half_logdet = jnp.sum(jnp.log(jnp.diagonal(L)))
+        return half_logdet - 0.5 * jnp.sum(r * r, -1) - 0.5 * X.shape[-1] * LOG_2PI
+    if isinstance(theta, NormalGammaComponent):
+        lam = theta.precision
+        return (0.5 * jnp.sum(jnp.log(lam)) - 0.5 * jnp.sum(lam * (X - theta.mean) ** 2, -1)
+                - 0.5 * X.shape[-1] * LOG_2PI)
+    return family.log_likelihood(X, jax.tree.map(lambda x: x[None], theta))[:, 0]
+
+
+def _draw_one(logits, u):
+    """One index drawn by inversion from a vector of log weights (``-inf``: impossible) and
+    one uniform; never an impossible index. (The cleanup moves' scalar draws: a cumulative
+    sum of ``C`` entries, where ``_categorical_from_uniform``'s unrolled loop over the columns
+    would add ``C`` steps to compile per call.)"""
+    w = jnp.exp(logits - jnp.max(logits))
+    idx = jnp.sum(jnp.cumsum(w) <= u * jnp.sum(w))
+    possible = jnp.isfinite(logits)
+    last = jnp.max(jnp.where(possible, jnp.arange(logits.shape[0]), 0))
+    return jnp.minimum(idx, last).astype(jnp.int32)
 
 
 def _log_beta_density(lv, l1v, p, q):
@@ -521,13 +563,13 @@ def absorb_moves(key, X, valid, labels, counts, stats, log_w, params, ll, measur
     state of the label step: weights ``log_w``, parameters ``params`` and their ``(n, C)``
     log-likelihoods ``ll``.
 
-    A move picks an occupied slot ``c`` uniformly and a partner ``h ≠ c`` with probability
-    ``(1/N_c) Σ_{i in c} f(x_i | θ_h) / Σ_{k≠c} f(x_i | θ_k)`` (the slot that best explains
-    ``c``'s points after ``c``); holding ``θ_h``, it proposes new parameters
+    A move picks an occupied slot ``c`` uniformly, a point ``i`` of it uniformly and a
+    partner ``h ≠ c`` with probability ``∝ f(x_i | θ_h)``; holding ``θ_h``, it proposes new
+    parameters
     for ``c`` and a new split ``v`` of the pair's weight, either fitted to the pair's union
     ``U`` with ``h`` all but emptied (an absorb) or fitted to the part of ``U`` that a
     ``num_sweeps``-sweep launch beside ``θ_h`` gives ``c`` (the reverse), then redraws the
-    labels of ``U`` between the two. Metropolis-Hastings with the labels of ``U`` summed
+    labels of ``U`` between the two but ``i``'s, which stays in ``c``. Metropolis-Hastings with the labels of ``U`` summed
     out (the finite mixture's ratio), then the count correction of the label step
     (delayed acceptance): exact for the partition posterior.
 
@@ -539,38 +581,44 @@ def absorb_moves(key, X, valid, labels, counts, stats, log_w, params, ll, measur
     n_local = X.shape[0]
     ps = family.point_stats(X)
     start = 0 if axis_name is None else lax.axis_index(axis_name) * n_local
-    u_pts = uniform_rows(jax.random.fold_in(key, 0), start, n_local, M, dtype)
-    leaves, treedef = jax.tree.flatten(ps)
-    flat = jnp.concatenate([x.reshape(n_local, -1).astype(dtype) for x in leaves], axis=1)
-    widths = [math.prod(x.shape[1:]) for x in leaves]
+    # per move: two uniforms per point that choose c's point, one that redraws U's labels
+    u_pts = uniform_rows(jax.random.fold_in(key, 0), start, n_local, 3 * M, dtype)
+    if isinstance(family, (NormalGamma, NormalWishart)):
+        flat, unflatten = None, type(ps)
+    else:
+        leaves, treedef = jax.tree.flatten(ps)
+        flat = jnp.concatenate([x.reshape(n_local, -1).astype(dtype) for x in leaves], axis=1)
+        widths = [math.prod(x.shape[1:]) for x in leaves]
 
-    def unflatten(v):
-        parts = jnp.split(v, list(itertools.accumulate(widths))[:-1])
-        return jax.tree.unflatten(treedef, [p.reshape(x.shape[1:]).astype(x.dtype)
-                                            for p, x in zip(parts, leaves)])
+        def unflatten(v):
+            parts = jnp.split(v, list(itertools.accumulate(widths))[:-1])
+            return jax.tree.unflatten(treedef, [p.reshape(x.shape[1:]).astype(x.dtype)
+                                                for p, x in zip(parts, leaves)])
     zero_stats = jax.tree.map(lambda s: jnp.zeros(s.shape[1:], s.dtype), stats)
+
+    def pmin(x):
+        return x if axis_name is None else lax.pmin(x, axis_name)
     slots = jnp.arange(C)
 
-    def one_param(theta):
-        return jax.tree.map(lambda x: x[None], theta)
-
     def loglik(theta):
-        return family.log_likelihood(X, one_param(theta))[:, 0].astype(dtype)
+        return log_likelihood_one(family, X, theta).astype(dtype)
 
     def move(carry, m):
         labels, counts, stats, log_w, params, ll_t, num = carry
         k = jax.random.split(jax.random.fold_in(key, m + 1), 2 * T + 6)
         u = jax.random.uniform(k[0], (5,), dtype)
-        # c uniform over the occupied slots; h from the other slots' responsibilities for
-        # c's points, averaged (they read only the parameters of slots other than c, which
-        # the move keeps)
+        # c uniform over the occupied slots, a point i of c uniformly (the smallest pair of
+        # its uniforms), h ∝ f(x_i | θ_h) over the other slots (parameters the move keeps)
         occupied = counts > 0
         num_occupied = jnp.sum(occupied)
-        c = _categorical_from_uniform(jnp.where(occupied, 0.0, -jnp.inf)[None], u[0:1])[0]
-        others = jnp.where(slots[:, None] == c, -jnp.inf, ll_t)
-        resp_h = jnp.exp(others - jax.nn.logsumexp(others, axis=0))  # (C, n)
-        pick = _psum(resp_h @ (valid & (labels == c)).astype(dtype), axis_name)  # (C,)
-        h = _categorical_from_uniform(jnp.log(pick)[None], u[1:2])[0]
+        c = _draw_one(jnp.where(occupied, 0.0, -jnp.inf), u[0])
+        in_c = valid & (labels == c)
+        u1, u2 = u_pts[:, 3 * m], u_pts[:, 3 * m + 1]
+        cand = in_c & (u1 == pmin(jnp.min(jnp.where(in_c, u1, 2.0))))
+        at = cand & (u2 == pmin(jnp.min(jnp.where(cand, u2, 2.0))))
+        local = jnp.argmax(at)  # i's row, when it is on this shard
+        row = _psum(jnp.where(at[local], ll_t[:, local], 0.0), axis_name)
+        h = _draw_one(jnp.where(slots == c, -jnp.inf, row), u[1])
         in_u = valid & ((labels == c) | (labels == h))
         n_u = counts[c] + counts[h]
         stats_u = jax.tree.map(lambda s: s[c] + s[h], stats)
@@ -578,28 +626,31 @@ def absorb_moves(key, X, valid, labels, counts, stats, log_w, params, ll, measur
         # the launch beside the held θ_h, a law of U and θ_h alone: T sweeps of c's
         # responsibilities against h, then parameters and weights given the expected
         # statistics
-        theta = family.sample_params(k[1], stats_u)
-        lw = jnp.full((2,), jnp.log(0.5), dtype)
         nu_ = n_u.astype(dtype)
-        for t in range(T):
+
+        def sweep(t, carry):  # one compiled copy of the launch sweep
+            theta, lw, _, _ = carry
             resp = jnp.where(in_u, jax.nn.sigmoid(lw[0] - lw[1] + loglik(theta) - f_h), 0.0)
-            stats_a = _weighted_sum(flat, unflatten, resp, axis_name)
+            stats_a = _weighted_sum(X, flat, unflatten, resp, axis_name)
             n_a = _psum(jnp.sum(resp), axis_name)
-            if t < T - 1:
-                theta = family.sample_params(k[2 + 2 * t], stats_a)
-                lw = jnp.stack(log_beta_pair(k[3 + 2 * t], n_a + 1.0, nu_ - n_a + 1.0)).astype(dtype)
+            theta = family.sample_params(k[2 + 2 * t], stats_a)  # the last sweep's is unused
+            lw = jnp.stack(log_beta_pair(k[3 + 2 * t], n_a + 1.0, nu_ - n_a + 1.0)).astype(dtype)
+            return theta, lw, stats_a, n_a
+
+        init = (family.sample_params(k[1], stats_u), jnp.full((2,), jnp.log(0.5), dtype),
+                stats_u, nu_)
+        _, _, stats_a, n_a = lax.fori_loop(0, T, sweep, init)
         ab = ((nu_ + a, a), (n_a + a, nu_ - n_a + a))  # Beta shapes of v: absorb, launch
 
-        def log_q(theta, lv, l1v):
-            one = (family.log_params_density(theta, stats_u) + _log_beta_density(lv, l1v, *ab[0]))
-            two = (family.log_params_density(theta, stats_a) + _log_beta_density(lv, l1v, *ab[1]))
+        def log_q(dens, lv, l1v):  # dens: the densities under (prior, U, launch)
+            one = dens[1] + _log_beta_density(lv, l1v, *ab[0])
+            two = dens[2] + _log_beta_density(lv, l1v, *ab[1])
             return jnp.logaddexp(one, two) - jnp.log(2.0)
 
-        def log_target(theta, lv, l1v, f):
-            # the labels of U summed out
-            lik = jnp.where(in_u, jnp.logaddexp(lv + f, l1v + f_h), 0.0)
-            return (family.log_params_density(theta, zero_stats) + (a - 1.0) * (lv + l1v)
-                    + _psum(jnp.sum(lik), axis_name))
+        def log_target(dens, lv, l1v, f):
+            # the labels of U summed out, but i's, which stays in c
+            lik = jnp.where(at, lv + f, jnp.where(in_u, jnp.logaddexp(lv + f, l1v + f_h), 0.0))
+            return dens[0] + (a - 1.0) * (lv + l1v) + _psum(jnp.sum(lik), axis_name)
 
         # the proposal: an absorb or the launch's fit, with probability 1/2 each
         absorb = u[2] < 0.5
@@ -612,21 +663,27 @@ def absorb_moves(key, X, valid, labels, counts, stats, log_w, params, ll, measur
         lv, l1v = log_w[c] - log_s, log_w[h] - log_s
         theta_c = _slot(params, c)
         f_new = loglik(theta_new)
-        # the labels of U redrawn between c and h given the proposed state
-        to_c = u_pts[:, m] < jax.nn.sigmoid(lv_new + f_new - l1v_new - f_h)
+        # the labels of U redrawn between c and h given the proposed state, i's kept in c:
+        # the reverse move chooses c, then i among c's N_c' points, then h with the same
+        # probability
+        to_c = at | (u_pts[:, 3 * m + 2] < jax.nn.sigmoid(lv_new + f_new - l1v_new - f_h))
         new_labels = jnp.where(in_u, jnp.where(to_c, c, h), labels)
         n_c_new = _psum(jnp.sum((in_u & to_c).astype(counts.dtype)), axis_name).astype(counts.dtype)
         counts_new = counts.at[c].set(n_c_new).at[h].set(n_u - n_c_new)
-        # the probability of choosing (c, h) from the new state: 0 when c has emptied
-        pick_new = _psum(jnp.sum(jnp.where(in_u & to_c, resp_h[h], 0.0)), axis_name)
-        log_sel = (jnp.log(pick_new) - jnp.log(n_c_new.astype(dtype)) - jnp.log(jnp.sum(counts_new > 0))
-                   - jnp.log(pick[h]) + jnp.log(counts[c].astype(dtype)) + jnp.log(num_occupied))
-        log_r1 = (log_target(theta_new, lv_new, l1v_new, f_new) - log_target(theta_c, lv, l1v, f_c)
-                  + log_q(theta_c, lv, l1v) - log_q(theta_new, lv_new, l1v_new) + log_sel)
+        log_sel = (jnp.log(counts[c].astype(dtype)) - jnp.log(n_c_new.astype(dtype))
+                   + jnp.log(num_occupied.astype(dtype)) - jnp.log(jnp.sum(counts_new > 0).astype(dtype)))
+        # the six parameter densities in one call (one compiled copy): θ_c and θ_c' under
+        # the prior, the posterior given U and the launch's
+        dens = family.log_params_density(
+            jax.tree.map(lambda x, y: jnp.stack([x, y] * 3), theta_c, theta_new),
+            jax.tree.map(lambda z, su, sa: jnp.stack([z, z, su, su, sa, sa]), zero_stats, stats_u,
+                         stats_a)).reshape(3, 2)
+        log_r1 = (log_target(dens[:, 1], lv_new, l1v_new, f_new) - log_target(dens[:, 0], lv, l1v, f_c)
+                  + log_q(dens[:, 0], lv, l1v) - log_q(dens[:, 1], lv_new, l1v_new) + log_sel)
         log_r2 = _log_correction(measure, counts_new, a) - _log_correction(measure, counts, a)
         ok = (jnp.log(u[3]) < log_r1) & (jnp.log(u[4]) < log_r2)
-        stats_c = _weighted_sum(flat, unflatten, in_u & to_c, axis_name)
-        stats_h = _weighted_sum(flat, unflatten, in_u & ~to_c, axis_name)
+        stats_c = _weighted_sum(X, flat, unflatten, in_u & to_c, axis_name)
+        stats_h = _weighted_sum(X, flat, unflatten, in_u & ~to_c, axis_name)
 
         def put(tree, k_, value):
             return jax.tree.map(lambda x, v: x.at[k_].set(jnp.where(ok, v, x[k_])), tree, value)
@@ -671,17 +728,22 @@ def reassign_moves(key, X, valid, labels, counts, stats, measure, family, num_mo
     def pmin(x):
         return x if axis_name is None else lax.pmin(x, axis_name)
 
-    def log_joint_terms(cnt, st):
-        """``log p(Π) + Σ log P(X_k) + log (C − K)!`` of the labelled target (§7)."""
-        marg = jnp.where(cnt > 0, family.log_marginal(st), 0.0)
-        return measure.log_eppf(cnt) + jnp.sum(marg) + gammaln(C - jnp.sum(cnt > 0) + 1.0)
+    def log_joint_change(cnt0, st0, cnt1, st1):
+        """The change of ``log p(Π) + Σ log P(X_k) + log (C − K)!`` of the labelled target
+        (§7); both states' marginals in one call (one compiled copy)."""
+        both = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), st0, st1)
+        marg = jnp.where(jnp.concatenate([cnt0, cnt1]) > 0, family.log_marginal(both), 0.0)
+        eppf = (measure.log_eppf(cnt0), measure.log_eppf(cnt1))
+        slots_term = gammaln(C - jnp.stack([jnp.sum(cnt0 > 0), jnp.sum(cnt1 > 0)]) + 1.0)
+        return (eppf[1] - eppf[0] + jnp.sum(marg[C:]) - jnp.sum(marg[:C]) + slots_term[1]
+                - slots_term[0])
 
     def move(carry, m):
         labels, counts, stats, num = carry
         u = jax.random.uniform(jax.random.fold_in(key, m + 1), (3,), dtype)
         occupied = counts > 0
         K = jnp.sum(occupied)
-        c = _categorical_from_uniform(jnp.where(occupied, 0.0, -jnp.inf)[None], u[0:1])[0]
+        c = _draw_one(jnp.where(occupied, 0.0, -jnp.inf), u[0])
         in_c = valid & (labels == c)
         u1, u2 = u_pts[:, 2 * m], u_pts[:, 2 * m + 1]
         cand = in_c & (u1 == pmin(jnp.min(jnp.where(in_c, u1, 2.0))))
@@ -699,11 +761,11 @@ def reassign_moves(key, X, valid, labels, counts, stats, measure, family, num_mo
         can_new = cnt0[c] > 0
         fwd = jnp.where(slots == c, -jnp.inf, w)
         logits = jnp.concatenate([fwd, jnp.where(can_new, w_new, -jnp.inf)[None]])
-        b = _categorical_from_uniform(logits[None], u[1:2])[0]
+        b = _draw_one(logits, u[1])
         to_new = b == C
         empty = cnt0 == 0
         num_empty = jnp.sum(empty & (slots != c))
-        e = _categorical_from_uniform(jnp.where(empty & (slots != c), 0.0, -jnp.inf)[None], u[2:3])[0]
+        e = _draw_one(jnp.where(empty & (slots != c), 0.0, -jnp.inf), u[2])
         dest = jnp.where(to_new, e, b)
         log_q = jax.nn.logsumexp(logits)  # minus log q of the forward choice
         log_q = (jnp.where(to_new, w_new - jnp.log(jnp.maximum(num_empty, 1).astype(dtype)), w[dest])
@@ -718,8 +780,7 @@ def reassign_moves(key, X, valid, labels, counts, stats, measure, family, num_mo
                      - jax.nn.logsumexp(rev_logits))
         log_sel = (jnp.log(K.astype(dtype)) + jnp.log(counts[c].astype(dtype))
                    - jnp.log(jnp.sum(cnt1 > 0).astype(dtype)) - jnp.log(cnt1[dest].astype(dtype)))
-        log_r = (log_joint_terms(cnt1, st1) - log_joint_terms(counts, stats) + log_q_rev - log_q
-                 + log_sel)
+        log_r = log_joint_change(counts, stats, cnt1, st1) + log_q_rev - log_q + log_sel
         ok = jnp.log(jax.random.uniform(jax.random.fold_in(key, M + m + 1), (), dtype)) < log_r
         num = num + (ok & ~can_new).astype(jnp.int32)
         labels = jnp.where(ok & chosen, dest, labels)
