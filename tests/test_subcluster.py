@@ -25,7 +25,7 @@ import pytest
 from numpyro.infer import MCMC
 
 import jaxbnp as bnp
-from jaxbnp.inference.partition import subcluster
+from jaxbnp.inference.partition import cleanup, subcluster
 from jaxbnp.inference.runner import run
 
 from .device_scripts import background_fixture, run_processes
@@ -290,5 +290,5 @@ def test_one_component_log_likelihood_is_a_column_of_the_matrix(family):
     params = family.sample_params(jax.random.key(1), stats)
     full = np.asarray(family.log_likelihood(jnp.asarray(X), params))
     for k in range(4):
-        one = subcluster.log_likelihood_one(family, X, jax.tree.map(lambda a, k=k: a[k], params))
+        one = cleanup.log_likelihood_one(family, X, jax.tree.map(lambda a, k=k: a[k], params))
         np.testing.assert_allclose(np.asarray(one), full[:, k], rtol=1e-9, atol=1e-9)
