@@ -88,6 +88,20 @@ def _draw_one(logits, u):
     return jnp.minimum(idx, last).astype(jnp.int32)
 
 
+def _pmin(x, axis_name):
+    return x if axis_name is None else lax.pmin(x, axis_name)
+
+
+def _choose_point(u, u1, u2, labels, valid, counts, axis_name):
+    """An occupied slot ``c`` uniformly (from the scalar ``u``) and a point of it uniformly:
+    the one with the smallest pair ``(u1, u2)`` of its per-point uniforms (in float32 a tie
+    of both has probability about ``N_c 2^-46``). Returns ``c`` and the point's mask."""
+    c = _draw_one(jnp.where(counts > 0, 0.0, -jnp.inf), u)
+    in_c = valid & (labels == c)
+    cand = in_c & (u1 == _pmin(jnp.min(jnp.where(in_c, u1, 2.0)), axis_name))
+    return c, cand & (u2 == _pmin(jnp.min(jnp.where(cand, u2, 2.0)), axis_name))
+
+
 def _log_beta_density(lv, l1v, p, q):
     """``log Beta(v | p, q)`` from ``log v`` and ``log(1 − v)``."""
     return (p - 1.0) * lv + (q - 1.0) * l1v - (gammaln(p) + gammaln(q) - gammaln(p + q))
@@ -136,8 +150,6 @@ def absorb_moves(key, X, valid, labels, counts, stats, log_w, params, ll, measur
                                                 for p, x in zip(parts, leaves)])
     zero_stats = jax.tree.map(lambda s: jnp.zeros(s.shape[1:], s.dtype), stats)
 
-    def pmin(x):
-        return x if axis_name is None else lax.pmin(x, axis_name)
     slots = jnp.arange(C)
 
     def loglik(theta):
@@ -149,13 +161,9 @@ def absorb_moves(key, X, valid, labels, counts, stats, log_w, params, ll, measur
         u = jax.random.uniform(k[0], (5,), dtype)
         # c uniform over the occupied slots, a point i of c uniformly (the smallest pair of
         # its uniforms), h ∝ f(x_i | θ_h) over the other slots (parameters the move keeps)
-        occupied = counts > 0
-        num_occupied = jnp.sum(occupied)
-        c = _draw_one(jnp.where(occupied, 0.0, -jnp.inf), u[0])
-        in_c = valid & (labels == c)
-        u1, u2 = u_pts[:, 3 * m], u_pts[:, 3 * m + 1]
-        cand = in_c & (u1 == pmin(jnp.min(jnp.where(in_c, u1, 2.0))))
-        at = cand & (u2 == pmin(jnp.min(jnp.where(cand, u2, 2.0))))
+        num_occupied = jnp.sum(counts > 0)
+        c, at = _choose_point(u[0], u_pts[:, 3 * m], u_pts[:, 3 * m + 1], labels, valid, counts,
+                              axis_name)
         local = jnp.argmax(at)  # i's row, when it is on this shard
         row = psum(jnp.where(at[local], ll_t[:, local], 0.0), axis_name)
         h = _draw_one(jnp.where(slots == c, -jnp.inf, row), u[1])
@@ -261,12 +269,10 @@ def reassign_moves(key, X, valid, labels, counts, stats, measure, family, num_mo
     ps = family.point_stats(X)
     start = 0 if axis_name is None else lax.axis_index(axis_name) * n_local
     # two uniforms per point and move: the point of c with the smallest pair is uniform
-    # over c's points (in float32 a tie of both has probability about N_c 2^-46)
+    # over c's points (_choose_point)
     u_pts = uniform_rows(jax.random.fold_in(key, 0), start, n_local, 2 * M, dtype)
     slots = jnp.arange(C)
 
-    def pmin(x):
-        return x if axis_name is None else lax.pmin(x, axis_name)
 
     def log_joint_change(cnt0, st0, cnt1, st1):
         """The change of ``log p(Π) + Σ log P(X_k) + log (C − K)!`` of the labelled target
@@ -281,13 +287,9 @@ def reassign_moves(key, X, valid, labels, counts, stats, measure, family, num_mo
     def move(carry, m):
         labels, counts, stats, num = carry
         u = jax.random.uniform(jax.random.fold_in(key, m + 1), (3,), dtype)
-        occupied = counts > 0
-        K = jnp.sum(occupied)
-        c = _draw_one(jnp.where(occupied, 0.0, -jnp.inf), u[0])
-        in_c = valid & (labels == c)
-        u1, u2 = u_pts[:, 2 * m], u_pts[:, 2 * m + 1]
-        cand = in_c & (u1 == pmin(jnp.min(jnp.where(in_c, u1, 2.0))))
-        chosen = cand & (u2 == pmin(jnp.min(jnp.where(cand, u2, 2.0))))
+        K = jnp.sum(counts > 0)
+        c, chosen = _choose_point(u[0], u_pts[:, 2 * m], u_pts[:, 2 * m + 1], labels, valid,
+                                  counts, axis_name)
         x = psum(jnp.sum(jnp.where(chosen[:, None], X, 0.0), 0), axis_name).astype(X.dtype)
         ps_i = family.point_stats(x)
         # the state without i
