@@ -55,12 +55,18 @@ def _fit_in_subprocess(mode: str, cache: Path, switch: str | None = None):
     out = subprocess.run([sys.executable, "-c", _SCRIPT, mode], env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    return sorted(p.name for p in cache.rglob("*") if p.is_file()) if cache.exists() else []
+    if not cache.exists():
+        return {}
+    return {p.name: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
 
 
 def test_estimators_fill_the_cache_unless_turned_off(tmp_path):
     first = _fit_in_subprocess("on", tmp_path / "on")
-    assert first, "MAPDP.paper().fit wrote nothing to the cache"
-    assert _fit_in_subprocess("on", tmp_path / "on") == first  # the second fit loaded them all
-    assert _fit_in_subprocess("off", tmp_path / "off") == []
-    assert _fit_in_subprocess("on", tmp_path / "env", switch="0") == []
+    assert any(name.startswith("jit_fit-") for name in first), f"MAP-DP's program was not cached: {first}"
+    second = _fit_in_subprocess("on", tmp_path / "on")
+    # The second fit loaded every program the first wrote: none is written again. (A tiny program,
+    # such as a broadcast, may cross the 0.1 s threshold on a loaded machine and add a file; CI saw
+    # that once, so extra entries are allowed, rewritten ones are not.)
+    assert {name: second.get(name) for name in first} == first
+    assert _fit_in_subprocess("off", tmp_path / "off") == {}
+    assert _fit_in_subprocess("on", tmp_path / "env", switch="0") == {}
