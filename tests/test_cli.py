@@ -55,6 +55,22 @@ def _cache_files(folder):
     return sorted(p.name for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
 
 
+def _cache_stamps(folder):
+    return {p.name: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} if folder.exists() else {}
+
+
+def assert_loaded_from_cache(first, second):
+    """The second run loaded every program the first wrote: none rewritten, and none of the
+    same function written again under another key. A program new in the second run is
+    allowed only if the first run did not write that function at all: its compilation took
+    under the cache's 0.1 s threshold there and just over it on a loaded machine (seen in a
+    fresh clone's suite for ``jit__threefry_fold_in`` and in CI for ``jit_broadcast_in_dim``)."""
+    assert {name: second.get(name) for name in first} == first, "a program was written again"
+    function = lambda name: name.rsplit("-", 2)[0]  # noqa: E731  (jit_fit-<hash>-cache)
+    again = [name for name in set(second) - set(first) if function(name) in {function(f) for f in first}]
+    assert not again, f"the same functions compiled again under other keys: {again}"
+
+
 def test_compilation_cache_second_run_compiles_nothing_new(tmp_path):
     """With the cache on, the first run writes the compiled programs to JAXBNP_CACHE_DIR and
     the second run of the same command writes nothing new (it loaded them all); the CLI
@@ -66,18 +82,11 @@ def test_compilation_cache_second_run_compiles_nothing_new(tmp_path):
     np.savetxt(tmp_path / "x.csv", np.r_[rng.normal(-3, 1, (30, 2)), rng.normal(3, 1, (30, 2))], delimiter=",")
     env = {"JAXBNP_CACHE_DIR": str(cache), "JAXBNP_COMPILATION_CACHE": "1"}
     assert _run_cli(*args, cwd=tmp_path, env=env).returncode == 0
-    first = _cache_files(cache)
+    first = _cache_stamps(cache)
     # the runner's sampling loop is among them: the CLI's kernels put no host callback in it
     assert any(name.startswith("jit_advance") for name in first), first
     assert _run_cli(*args, cwd=tmp_path, env=env).returncode == 0
-    second = _cache_files(cache)
-    assert set(first) <= set(second)
-    # nothing new of the library's: a second run may only write one of JAX's own small helper
-    # programs (``jit__threefry_fold_in``: private names, ``jit__...``) whose compilation took
-    # under the cache's 0.1 s threshold in the first run and just over it in the second on a
-    # loaded machine (seen once in a fresh clone's suite)
-    new = sorted(set(second) - set(first))
-    assert all(name.startswith("jit__") for name in new), new
+    assert_loaded_from_cache(first, _cache_stamps(cache))
     off = tmp_path / "off"
     assert _run_cli(*args, "--no-compile-cache", cwd=tmp_path, env={**env, "JAXBNP_CACHE_DIR": str(off)}).returncode == 0
     assert _cache_files(off) == []
