@@ -176,6 +176,9 @@ def loggamma_from_uniform(u, a, key):
         return jnp.any(ok, axis=0), jnp.take_along_axis(logv, first[None], axis=0)[0]
 
     done, logv = candidates(normal_from_uniform(u[:ROUNDS]), u[ROUNDS:2 * ROUNDS])
+    # a NaN or infinite shape (a NaN upstream) is no draw: it stays NaN (or inf) and is not
+    # redrawn, where the loop below would never accept it and never end
+    done = done | ~jnp.isfinite(a)
     out = jnp.log(d) + logv
     # Cheng's GB for the shape s >= 1: V = log(u1 / (1 - u1)) / sqrt(2s - 1), X = s e^V,
     # accepted when s - log 4 + (s + sqrt(2s - 1)) V - X >= log(u1^2 u2)

@@ -5,6 +5,9 @@ power check (the same test rejects a slightly different law), including the Gamm
 sampler's redraw loop, which the usual draws almost never enter.
 """
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,6 +67,34 @@ def test_loggamma_redraws_entries_whose_candidates_were_all_rejected(a, dtype):
     assert _ks(g[0::2], lambda x: stats.gamma(a).cdf(np.exp(x))) > P_MIN
     assert _ks(g[1::2], lambda x: stats.gamma(other).cdf(np.exp(x))) > P_MIN
     assert _ks(g[1::2], lambda x: stats.gamma(a).cdf(np.exp(x))) < P_MIN
+
+
+_NAN_SHAPES = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from jaxbnp import _random
+a = jnp.array([2.5, jnp.nan, jnp.inf, 0.7], jnp.float32)
+g = np.asarray(_random.loggamma(jax.random.key(3), a))
+alone = np.asarray(_random.loggamma(jax.random.key(3), jnp.array([2.5, 1.0, 1.0, 0.7], jnp.float32)))
+# the path that hung: the Wishart draw of a posterior whose statistics hold a NaN
+import jaxbnp as bnp
+fam = bnp.NormalWishart.from_data(np.random.default_rng(0).normal(size=(50, 3)))
+stats = fam.point_stats(jnp.asarray(np.random.default_rng(1).normal(size=(2, 3)), jnp.float32))
+stats = jax.tree.map(lambda s: s.sum(0).at[(0,) * (s.ndim - 1)].set(jnp.nan), stats)
+theta = fam.sample_params(jax.random.key(2), stats)
+print(np.isfinite(g).tolist(), bool(g[0] == alone[0] and g[3] == alone[3]),
+      bool(np.all(np.isnan(np.asarray(theta.precision)))))
+"""
+
+
+def test_loggamma_of_a_nan_shape_ends_with_nan():
+    """A NaN upstream (a posterior that lost positive definiteness in float32, breast-cancer
+    data unscaled) reached the Gamma shapes of a Wishart draw and the redraw loop never
+    ended: the sub-cluster estimator hung. Now the entry is NaN and the other entries are drawn as alone. In a
+    subprocess with a timeout, so that a hang fails the test rather than the suite."""
+    out = subprocess.run([sys.executable, "-c", _NAN_SHAPES], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["[True,", "False,", "False,", "True]", "True", "True"], out.stdout
 
 
 def test_log_dirichlet_and_zero_concentrations():
