@@ -23,6 +23,7 @@ the NMI, the time per iteration and the compilation.
 
     python benchmarks/subcluster_seeds.py
     python benchmarks/subcluster_seeds.py --k-table
+    python benchmarks/subcluster_seeds.py --settings 1,0 1,2 --out-name subcluster_seeds_moves
 """
 
 from __future__ import annotations
@@ -74,11 +75,11 @@ def marks(nmis, bayes):
     return [v >= TARGET or (bayes < TARGET and v >= bayes - 0.01) for v in nmis]
 
 
-def seeds_table():
+def seeds_table(settings=SETTINGS, out_name="subcluster_seeds"):
     bnp.enable_compilation_cache(False)
     started = utc_now()
     rows, oracle, per_data = [], {}, {}
-    for absorb, reassign in SETTINGS:
+    for absorb, reassign in settings:
         nmis = {c: [] for c in CHECKPOINTS}
         times, ok = [], []
         for ds in DATA_SEEDS:
@@ -114,10 +115,13 @@ def seeds_table():
                                    reached=int(np.sum(v >= TARGET)), values=v.round(4).tolist())
         rows.append(row)
         print(row, flush=True)
-    out = dict(command="python benchmarks/subcluster_seeds.py", started=started,
+    command = "python benchmarks/subcluster_seeds.py" + (
+        "" if settings == SETTINGS else " --settings " + " ".join(f"{a},{r}" for a, r in settings)
+        + f" --out-name {out_name}")
+    out = dict(command=command, started=started,
                machine=machine_info(), rows=rows, oracle=oracle,
                per_data={f"absorb{a}_reassign{r}_data{ds}": v for (a, r, ds), v in per_data.items()})
-    write_json(RESULTS / "subcluster_seeds.json", out)
+    write_json(RESULTS / f"{out_name}.json", out)
     m = out["machine"]
     n_runs = len(DATA_SEEDS) * len(KEYS)
     lines = [
@@ -151,17 +155,17 @@ def seeds_table():
                   "for), and over the 4 keys the chains' NMI (min-max), their classifiers' NMI "
                   "(min-max) and K.", ""]
     head = "| data seed | Bayes classifier | true-parameter draw |"
-    for a, r in SETTINGS:
+    for a, r in settings:
         head += f" chains ({a}, {r}) | classifiers ({a}, {r}) | K ({a}, {r}) |"
-    lines += [head, "|" + "---|" * (3 + 3 * len(SETTINGS))]
+    lines += [head, "|" + "---|" * (3 + 3 * len(settings))]
     for ds in DATA_SEEDS:
         cells = f"| {ds} | {oracle[ds]['bayes']:.3f} | {oracle[ds]['draw']:.3f} |"
-        for a, r in SETTINGS:
+        for a, r in settings:
             v = np.asarray(per_data[(a, r, ds)])
             cells += (f" {v[:, 0].min():.3f}-{v[:, 0].max():.3f} | {v[:, 1].min():.3f}-{v[:, 1].max():.3f}"
                       f" | {', '.join(str(int(k)) for k in v[:, 2])} |")
         lines.append(cells)
-    write_lines(RESULTS / "subcluster_seeds.md", lines)
+    write_lines(RESULTS / f"{out_name}.md", lines)
     print("\n".join(lines))
 
 
@@ -220,11 +224,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--k-table", action="store_true")
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--settings", nargs="+", default=None, metavar="ABSORB,REASSIGN",
+                        help="the seeds table's settings (default: 0,0 and the defaults)")
+    parser.add_argument("--out-name", default="subcluster_seeds")
     args = parser.parse_args()
     if args.k_table:
         k_table(args.sizes)
     else:
-        seeds_table()
+        settings = SETTINGS if args.settings is None else tuple(
+            tuple(int(v) for v in item.split(",")) for item in args.settings)
+        seeds_table(settings, args.out_name)
 
 
 if __name__ == "__main__":
