@@ -266,13 +266,11 @@ def reassign_moves(key, X, valid, labels, counts, stats, measure, family, num_mo
     C, M = counts.shape[0], int(num_moves)
     n_local = X.shape[0]
     dtype = jnp.result_type(X.dtype, float)
-    ps = family.point_stats(X)
     start = 0 if axis_name is None else lax.axis_index(axis_name) * n_local
     # two uniforms per point and move: the point of c with the smallest pair is uniform
     # over c's points (_choose_point)
     u_pts = uniform_rows(jax.random.fold_in(key, 0), start, n_local, 2 * M, dtype)
     slots = jnp.arange(C)
-
 
     def log_joint_change(cnt0, st0, cnt1, st1):
         """The change of ``log p(Π) + Σ log P(X_k) + log (C − K)!`` of the labelled target
