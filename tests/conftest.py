@@ -102,3 +102,25 @@ def _drop_compiled_programs():
     if regions is not None and regions > MAX_MAPPED_REGIONS:
         jax.clear_caches()
         gc.collect()
+
+
+# --------------------------------------------------- the persistent cache's tests (test_cache, test_cli)
+def cache_stamps(folder):
+    """Each file of a persistent compilation cache folder, by name, with its mtime."""
+    return {p.name: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} if folder.exists() else {}
+
+
+def assert_loaded_from_cache(first, second):
+    """The second run loaded every program the first wrote: none rewritten, and none of the
+    same function written again under another key. A program new in the second run is
+    allowed only if the first run did not write that function at all: its compilation took
+    under the cache's 0.1 s threshold there and just over it on a loaded machine (seen in a
+    fresh clone's suite for ``jit__threefry_fold_in`` and in CI for ``jit_broadcast_in_dim``)."""
+    assert {name: second.get(name) for name in first} == first, "a program was written again"
+
+    def function(name):  # jit_fit-<hash>-cache
+        return name.rsplit("-", 2)[0]
+
+    cached = {function(name) for name in first}
+    again = [name for name in set(second) - set(first) if function(name) in cached]
+    assert not again, f"the same functions compiled again under other keys: {again}"

@@ -15,8 +15,7 @@ import pytest
 
 from jaxbnp import _cache
 
-from .conftest import TEST_XLA_FLAGS
-from .test_cli import assert_loaded_from_cache
+from .conftest import TEST_XLA_FLAGS, assert_loaded_from_cache, cache_stamps
 
 
 def test_cache_dir_from_the_environment(monkeypatch, tmp_path):
@@ -56,9 +55,7 @@ def _fit_in_subprocess(mode: str, cache: Path, switch: str | None = None):
     out = subprocess.run([sys.executable, "-c", _SCRIPT, mode], env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    if not cache.exists():
-        return {}
-    return {p.name: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
+    return cache_stamps(cache)
 
 
 def test_estimators_fill_the_cache_unless_turned_off(tmp_path):

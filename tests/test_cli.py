@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from .conftest import TEST_XLA_FLAGS
+from .conftest import TEST_XLA_FLAGS, assert_loaded_from_cache, cache_stamps
 
 
 def _run_cli(*args, cwd, env=None):
@@ -51,26 +51,6 @@ def test_cluster_float64_and_no_progress(tmp_path):
     assert "elapsed" not in r.stderr and "done after" not in r.stderr
 
 
-def _cache_files(folder):
-    return sorted(p.name for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
-
-
-def _cache_stamps(folder):
-    return {p.name: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} if folder.exists() else {}
-
-
-def assert_loaded_from_cache(first, second):
-    """The second run loaded every program the first wrote: none rewritten, and none of the
-    same function written again under another key. A program new in the second run is
-    allowed only if the first run did not write that function at all: its compilation took
-    under the cache's 0.1 s threshold there and just over it on a loaded machine (seen in a
-    fresh clone's suite for ``jit__threefry_fold_in`` and in CI for ``jit_broadcast_in_dim``)."""
-    assert {name: second.get(name) for name in first} == first, "a program was written again"
-    function = lambda name: name.rsplit("-", 2)[0]  # noqa: E731  (jit_fit-<hash>-cache)
-    again = [name for name in set(second) - set(first) if function(name) in {function(f) for f in first}]
-    assert not again, f"the same functions compiled again under other keys: {again}"
-
-
 def test_compilation_cache_second_run_compiles_nothing_new(tmp_path):
     """With the cache on, the first run writes the compiled programs to JAXBNP_CACHE_DIR and
     the second run of the same command writes nothing new (it loaded them all); the CLI
@@ -82,16 +62,16 @@ def test_compilation_cache_second_run_compiles_nothing_new(tmp_path):
     np.savetxt(tmp_path / "x.csv", np.r_[rng.normal(-3, 1, (30, 2)), rng.normal(3, 1, (30, 2))], delimiter=",")
     env = {"JAXBNP_CACHE_DIR": str(cache), "JAXBNP_COMPILATION_CACHE": "1"}
     assert _run_cli(*args, cwd=tmp_path, env=env).returncode == 0
-    first = _cache_stamps(cache)
+    first = cache_stamps(cache)
     # the runner's sampling loop is among them: the CLI's kernels put no host callback in it
     assert any(name.startswith("jit_advance") for name in first), first
     assert _run_cli(*args, cwd=tmp_path, env=env).returncode == 0
-    assert_loaded_from_cache(first, _cache_stamps(cache))
+    assert_loaded_from_cache(first, cache_stamps(cache))
     off = tmp_path / "off"
     assert _run_cli(*args, "--no-compile-cache", cwd=tmp_path, env={**env, "JAXBNP_CACHE_DIR": str(off)}).returncode == 0
-    assert _cache_files(off) == []
+    assert cache_stamps(off) == {}
     assert _run_cli(*args, cwd=tmp_path, env={"JAXBNP_CACHE_DIR": str(off), "JAXBNP_COMPILATION_CACHE": "0"}).returncode == 0
-    assert _cache_files(off) == []
+    assert cache_stamps(off) == {}
 
 
 def test_cluster_csv_file_and_bad_file(tmp_path):
