@@ -1,7 +1,8 @@
 """What the models are: random measures, conjugate families, NumPyro distributions."""
 
 from .distributions import AuxiliaryU, ConjugateMixture, Partition, log_joint, mixture_model
-from .families import BetaBernoulli, DirichletMultinomial, Family, NormalGamma, NormalWishart
+from .discrete import BetaBernoulli, DirichletMultinomial
+from .families import Family, NormalGamma, NormalWishart
 from .measures import DP, NGGP, Measure, PitmanYor
 
 __all__ = [

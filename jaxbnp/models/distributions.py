@@ -39,13 +39,8 @@ from numpyro.distributions import constraints
 
 from .. import _math
 from .._validation import check_data
-from .families import (
-    BetaBernoulli,
-    DirichletMultinomial,
-    Family,
-    NormalGamma,
-    NormalWishart,
-)
+from .discrete import BetaBernoulli, DirichletMultinomial
+from .families import Family, NormalGamma, NormalWishart
 from .measures import Measure
 
 __all__ = ["Partition", "ConjugateMixture", "AuxiliaryU", "log_joint", "mixture_model"]

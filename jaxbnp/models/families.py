@@ -25,8 +25,8 @@ Families
 * ``NormalWishart(m0, r, nu, psi)``: full-covariance Gaussian,
   ``Λ ~ Wishart(ν, Ψ⁻¹)`` with ``psi`` the inverse scale Ψ; statistics
   ``(n, Σx, Σxxᵀ)``.
-* ``DirichletMultinomial(beta)``: bags of words (count vectors).
-* ``BetaBernoulli(a, b)``: binary features.
+* ``DirichletMultinomial(beta)`` and ``BetaBernoulli(a, b)``: count vectors and binary
+  features, in :mod:`jaxbnp.models.discrete`.
 
 Example
 -------
@@ -57,7 +57,7 @@ from .._pytree import (
     ParameterPytree, concrete_value, real_parameter, require_finite, require_positive, same_length,
 )
 from .._random import (
-    log_beta_pair_from_uniform, log_dirichlet_from_uniform, loggamma_from_uniform, loggamma_uniforms,
+    loggamma_from_uniform, loggamma_uniforms,
     normal_from_uniform, split_uniform,
 )
 from .._validation import constant_columns
@@ -68,14 +68,15 @@ __all__ = [
     "NormalGammaComponent",
     "NormalWishart",
     "NormalWishartComponent",
-    "DirichletMultinomial",
-    "BetaBernoulli",
+    "log_beta",
+    "safe_log",
+    "from_data_array",
 ]
 
 _LOG_PI = math.log(math.pi)
 
 
-def _log_beta(a, b, m=_JAX_MATH):
+def log_beta(a, b, m=_JAX_MATH):
     """``log B(a, b)`` from ``gammaln``: full float64 precision.
 
     (``jax.scipy.special.betaln`` switches to an asymptotic branch for
@@ -84,13 +85,13 @@ def _log_beta(a, b, m=_JAX_MATH):
     return m.gammaln(a) + m.gammaln(b) - m.gammaln(a + b)
 
 
-def _safe_log(p):
+def safe_log(p):
     """``log p`` with exact zeros (underflowed Dirichlet/Beta draws) sent to the log of the
     smallest positive normal number: finite, so that ``0 · log p`` in a matrix product is 0."""
     return jnp.log(jnp.maximum(p, jnp.finfo(jnp.result_type(p)).tiny))
 
 
-def _from_data_array(owner: str, X: Any, min_rows: int = 1) -> np.ndarray:
+def from_data_array(owner: str, X: Any, min_rows: int = 1) -> np.ndarray:
     """``X`` checked like the estimators check it (2-D, numeric, finite, non-empty)."""
     from .._validation import check_data
 
@@ -284,7 +285,7 @@ class NormalGamma(Family):
         per-dimension variance × ``(a0 − 1)`` so that the prior mean of the
         variance ``b0/(a0−1)`` equals the data variance.
         """
-        X = _from_data_array("NormalGamma", X)
+        X = from_data_array("NormalGamma", X)
         var = np.var(X, axis=0)
         var = np.where(var > 0, var, 1.0)
         return cls(m0=X.mean(axis=0), k0=k0, a0=a0, b0=var * (a0 - 1.0))
@@ -501,7 +502,7 @@ class NormalWishart(Family):
         over the ``D_v`` columns that vary, so that a constant column (whose shrunk variance is
         tiny) does not blow up the scale of the others.
         """
-        X = _from_data_array("NormalWishart", X, min_rows=2)
+        X = from_data_array("NormalWishart", X, min_rows=2)
         d = X.shape[1]
         if shrinkage is None:
             S = np.atleast_2d(np.cov(X, rowvar=False))
@@ -804,196 +805,3 @@ class NormalWishart(Family):
                 "and scale the columns, e.g. (X - X.mean(0)) / X.std(0)"
                 + (", or enable float64 (jax.config.update('jax_enable_x64', True))." if eps > 1e-10 else ".")
             )
-
-
-# ----------------------------------------------------------------------------- Dirichlet-multinomial
-class CountStats(NamedTuple):
-    n: jax.Array  # (...,) number of documents
-    counts: jax.Array  # (..., V) summed counts
-
-
-class DirichletMultinomial(Family):
-    """Bags of words with a ``Dir(beta)`` prior on each cluster's word distribution (docs/mathematics.md §2).
-
-    ``beta`` is a scalar (symmetric) or a length-``V`` vector. Data are
-    non-negative integer count vectors. The multinomial coefficient is
-    dropped (constant in the partition).
-    """
-
-    _fields = ("beta",)
-    data_kind = "counts"
-
-    def __init__(self, beta: Any = 1.0):
-        require_positive("DirichletMultinomial", "beta", beta)
-        self._set(beta=beta)
-
-    def unconstrained(self) -> dict:
-        return {"log_beta": jnp.log(self.beta)}
-
-    def constrained(self, p: dict) -> "DirichletMultinomial":
-        return self.replace(beta=jnp.exp(p["log_beta"]))
-
-    @classmethod
-    def from_data(cls, X: Any, beta: float = 0.5) -> "DirichletMultinomial":
-        """Symmetric Jeffreys-like prior ``beta = 0.5`` for every word."""
-        X = _from_data_array("DirichletMultinomial", X)
-        fam = cls(beta=np.full(X.shape[1], beta))
-        fam.validate_data(X)
-        return fam
-
-    def _beta(self, vocab: int):
-        return jnp.broadcast_to(self.beta, (vocab,))
-
-    @staticmethod
-    def _point_stats(X, xp):
-        return CountStats(xp.ones(X.shape[:-1], X.dtype), X)
-
-    @staticmethod
-    def _log_marginal(p, stats, m):
-        xp = m.xp
-        beta = xp.broadcast_to(p.beta, (stats.counts.shape[-1],))
-        total = m.sum(stats.counts, -1)
-        sb = m.sum(beta)
-        return (
-            m.gammaln(sb)
-            - m.gammaln(sb + total)
-            + m.sum(m.gammaln(beta + stats.counts) - m.gammaln(beta), -1)
-        )
-
-    def predictive_params(self, stats):
-        beta = self._beta(stats.counts.shape[-1])
-        return (beta + stats.counts, jnp.sum(beta + stats.counts, -1))
-
-    def log_predictive_from_params(self, x, params):
-        post, post_total = params
-        nx = jnp.sum(x)
-        return (
-            gammaln(post_total)
-            - gammaln(post_total + nx)
-            + jnp.sum(gammaln(post + x) - gammaln(post), -1)
-        )
-
-    def param_uniforms(self, stats):
-        alpha = self._beta(stats.counts.shape[-1]) + stats.counts
-        return [loggamma_uniforms(alpha.shape)], jnp.result_type(alpha, float)
-
-    def sample_params_from_uniform(self, u, stats, key):
-        """Word distributions ``θ ~ Dir(β + C_c)`` (docs/mathematics.md §2, "Instantiated
-        parameters"): an array ``(..., V)`` for statistics with leading axes ``(...,)``."""
-        alpha = self._beta(stats.counts.shape[-1]) + stats.counts
-        return jnp.exp(log_dirichlet_from_uniform(u[0], alpha, key))
-
-    def log_params_density(self, params, stats):
-        alpha = self._beta(stats.counts.shape[-1]) + stats.counts
-        lp = jnp.sum((alpha - 1.0) * _safe_log(params) - gammaln(alpha), -1)
-        return lp + gammaln(jnp.sum(alpha, -1))
-
-    def log_likelihood(self, X, params):
-        """``Σ_w x_w log θ_kw``, shape ``(n, K)``: one matrix product ``X (log θ)ᵀ``
-        (docs/mathematics.md §2, "Instantiated parameters"). The multinomial coefficient is
-        dropped, as in ``log_marginal``. ``θ = 0`` (an underflowed draw) counts as the
-        smallest positive float, so a word absent from ``x`` contributes 0."""
-        return jnp.asarray(X) @ _safe_log(params).T
-
-    def validate_data(self, X):
-        if np.any(X < 0) or not np.all(np.equal(np.round(X), X)):
-            raise ValueError(
-                "DirichletMultinomial: data must be non-negative integer counts "
-                "(one row per document, one column per word)."
-            )
-        b = concrete_value(self.beta)
-        if b is not None and b.ndim == 1 and b.shape[0] != X.shape[1]:
-            raise ValueError(
-                f"DirichletMultinomial: beta has length {b.shape[0]} but the data have "
-                f"{X.shape[1]} columns (words)."
-            )
-
-
-# ----------------------------------------------------------------------------- Beta-Bernoulli
-class BinaryStats(NamedTuple):
-    n: jax.Array  # (...,)
-    ones: jax.Array  # (..., D)
-
-
-class BetaBernoulli(Family):
-    """Binary features, each with a ``Beta(a, b)`` prior on its probability (docs/mathematics.md §2)."""
-
-    _fields = ("a", "b")
-    data_kind = "binary"
-
-    def __init__(self, a: Any = 1.0, b: Any = 1.0):
-        require_positive("BetaBernoulli", "a", a)
-        require_positive("BetaBernoulli", "b", b)
-        same_length("BetaBernoulli", ("a", "b"), (a, b))
-        self._set(a=a, b=b)
-
-    def unconstrained(self) -> dict:
-        return {"log_a": jnp.log(self.a), "log_b": jnp.log(self.b)}
-
-    def constrained(self, p: dict) -> "BetaBernoulli":
-        return self.replace(a=jnp.exp(p["log_a"]), b=jnp.exp(p["log_b"]))
-
-    @classmethod
-    def from_data(cls, X: Any) -> "BetaBernoulli":
-        """Uniform ``Beta(1, 1)`` prior on every feature."""
-        X = _from_data_array("BetaBernoulli", X)
-        fam = cls(a=1.0, b=1.0)
-        fam.validate_data(X)
-        return fam
-
-    @staticmethod
-    def _point_stats(X, xp):
-        return BinaryStats(xp.ones(X.shape[:-1], X.dtype), X)
-
-    @staticmethod
-    def _log_marginal(p, stats, m):
-        n = stats.n[..., None]
-        return m.sum(
-            _log_beta(p.a + stats.ones, p.b + n - stats.ones, m) - _log_beta(p.a, p.b, m), -1
-        )
-
-    def predictive_params(self, stats):
-        n = stats.n[..., None]
-        log_total = jnp.log(self.a + self.b + n)
-        return (
-            jnp.log(self.a + stats.ones) - log_total,
-            jnp.log(self.b + n - stats.ones) - log_total,
-        )
-
-    def log_predictive_from_params(self, x, params):
-        log_p1, log_p0 = params
-        return jnp.sum(x * log_p1 + (1.0 - x) * log_p0, -1)
-
-    def _beta_params(self, stats):
-        n = stats.n[..., None]
-        a = self.a + stats.ones
-        b = self.b + n - stats.ones
-        return a, b
-
-    def param_uniforms(self, stats):
-        a, b = self._beta_params(stats)
-        shape = (2,) + jnp.broadcast_shapes(a.shape, b.shape)
-        return [loggamma_uniforms(shape)], jnp.result_type(a, b, float)
-
-    def sample_params_from_uniform(self, u, stats, key):
-        """Feature probabilities ``θ_d ~ Beta(a + s_d, b + n − s_d)`` (docs/mathematics.md §2,
-        "Instantiated parameters"): an array ``(..., D)`` for statistics with leading axes
-        ``(...,)``."""
-        a, b = self._beta_params(stats)
-        log_p, _ = log_beta_pair_from_uniform(u[0], a, b, key)
-        return jnp.exp(log_p)
-
-    def log_params_density(self, params, stats):
-        a, b = self._beta_params(stats)
-        return jnp.sum((a - 1.0) * _safe_log(params) + (b - 1.0) * _safe_log(1.0 - params) - _log_beta(a, b), -1)
-
-    def log_likelihood(self, X, params):
-        """``Σ_d [x_d log θ_kd + (1 − x_d) log(1 − θ_kd)]``, shape ``(n, K)``: two matrix
-        products (docs/mathematics.md §2, "Instantiated parameters"). A draw of exactly 0 or 1
-        counts as the nearest positive float away from it."""
-        X = jnp.asarray(X)
-        return X @ _safe_log(params).T + (1.0 - X) @ _safe_log(1.0 - params).T
-
-    def validate_data(self, X):
-        if not np.all((X == 0) | (X == 1)):
-            raise ValueError("BetaBernoulli: data must be binary (0 or 1 in every entry).")
