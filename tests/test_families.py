@@ -599,18 +599,23 @@ def test_normal_wishart_rank_one_updates_match_recomputation():
 
 @pytest.mark.parametrize("d", [1, 3, 8, 10])
 def test_normal_wishart_pairwise_predictive_equals_one_point_at_a_time(d):
-    """log_predictive_pairwise (written-out quadratic form for d <= 8, a product with the
-    clusters' Cholesky factors of Ψ_n⁻¹ above) equals
+    """log_predictive_pairwise (written-out quadratic form for d <= 8; above, x − m_n times
+    Ψ_n⁻¹ for a block of at most PAIRWISE_DIRECT_ROWS_PER_DIM * d points, a product with the
+    clusters' Cholesky factors of Ψ_n⁻¹ for a bigger one) equals
     log_predictive_from_params point by point, and the generic Family default agrees."""
+    from jaxbnp.models.families import PAIRWISE_DIRECT_ROWS_PER_DIM
+
     rng = np.random.default_rng(d)
     family = bnp.NormalWishart(np.zeros(d), 0.4, d + 2.0, np.eye(d) * 0.5)
     labels = jnp.asarray(rng.integers(0, 4, 40), jnp.int32)
     params = family.predictive_params(
         family.stats_from_labels(jnp.asarray(rng.normal(size=(40, d))), labels, 5))  # slot 4 empty
-    X = jnp.asarray(rng.normal(size=(7, d)) * 2.0)
-    want = np.stack([np.asarray(family.log_predictive_from_params(x, params)) for x in X])
-    np.testing.assert_allclose(family.log_predictive_pairwise(X, params), want, rtol=1e-10)
-    np.testing.assert_allclose(bnp.Family.log_predictive_pairwise(family, X, params), want, rtol=1e-10)
+    for rows in (7, PAIRWISE_DIRECT_ROWS_PER_DIM * d + 1):
+        X = jnp.asarray(rng.normal(size=(rows, d)) * 2.0)
+        want = np.asarray(jax.vmap(lambda x: family.log_predictive_from_params(x, params))(X))
+        np.testing.assert_allclose(family.log_predictive_pairwise(X, params), want, rtol=1e-10)
+        np.testing.assert_allclose(bnp.Family.log_predictive_pairwise(family, X, params), want,
+                                   rtol=1e-10)
 
 
 @pytest.mark.parametrize("d", [1, 3, 6])

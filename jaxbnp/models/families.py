@@ -74,6 +74,9 @@ __all__ = [
 ]
 
 _LOG_PI = math.log(math.pi)
+#: NormalWishart scores a block of at most this many points per dimension against every
+#: cluster without factorising ``Ψ_n⁻¹`` (:meth:`NormalWishart.log_predictive_pairwise`)
+PAIRWISE_DIRECT_ROWS_PER_DIM = 16
 
 
 def log_beta(a, b, m=_JAX_MATH):
@@ -643,11 +646,19 @@ class NormalWishart(Family):
         Larger ``D``: with ``Ψ_n⁻¹ = L Lᵀ`` (Cholesky), ``q = |Lᵀ x − Lᵀ m_n|²``, where
         ``Lᵀ x`` of every point and cluster is one matrix product ``(B, D) × (D, K D)``
         (``B K D²`` multiply-adds, as the per-pair form, but at the speed of a matrix
-        product: MAP-DP's block of 4,096 points against 64 clusters in 10-D, 12 -> 3 ms)."""
+        product: MAP-DP's block of 4,096 points against 64 clusters in 10-D, 12 -> 3 ms).
+        A block of at most ``PAIRWISE_DIRECT_ROWS_PER_DIM * D`` points (the collapsed Gibbs
+        sweep's 32) forms ``x − m_n`` for every pair and multiplies by ``Ψ_n⁻¹`` directly:
+        the ``K`` factorisations, a loop over the ``D`` columns, would cost more than the
+        block's scores (32 points against 32 clusters in 30-D: 1.6 ms factored, 0.16 ms
+        direct; ``benchmarks/results/pairwise_scores.md``)."""
         d = self.psi.shape[-1]
         dof = params.nun - d + 1.0
         shrink = params.rn / (params.rn + 1.0)
-        if d > 8:
+        if d > 8 and X.shape[0] <= PAIRWISE_DIRECT_ROWS_PER_DIM * d:
+            diff = X[:, None, :] - params.mean[None]  # (B, K, D)
+            q = jnp.sum(jnp.einsum("bkd,kde->bke", diff, params.psi_inv) * diff, -1)
+        elif d > 8:
             chol = _math.cholesky(params.psi_inv)  # (K, D, D)
             z = jnp.einsum("bd,kde->bke", X, chol) - jnp.einsum("kd,kde->ke", params.mean, chol)[None]
             q = jnp.sum(z * z, -1)
