@@ -239,12 +239,10 @@ def split_merge_move_info(
     pack, unpack = packer(family.point_stats(X[:1]))
     point_stats = pack(family.point_stats(X))  # (n, P)
 
-    def masked_sum(mask):
-        return jnp.sum(jnp.where(mask[:, None], point_stats, 0.0), axis=0)
-
     def two_clusters(side):
+        # one segment sum over the points (A: 0, B: 1, the rest dropped as out of range)
         in_a, in_b = in_union & side, in_union & ~side
-        stats = jnp.stack([masked_sum(in_a), masked_sum(in_b)])
+        stats = pack(family.stats_from_labels(X, jnp.where(in_a, 0, jnp.where(in_b, 1, 2)), 2))
         sizes = jnp.stack([jnp.sum(in_a), jnp.sum(in_b)]).astype(counts.dtype)
         return stats, sizes
 
@@ -263,7 +261,7 @@ def split_merge_move_info(
 
     # log p(X, split) - log p(X, merged), statistics recomputed from the points
     stats_ab, counts_ab = two_clusters(side)
-    stats_union = masked_sum(in_union)
+    stats_union = stats_ab[0] + stats_ab[1]
     log_marginals = family.log_marginal(
         unpack(jnp.concatenate([stats_ab, stats_union[None]], axis=0))
     )
