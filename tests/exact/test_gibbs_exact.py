@@ -354,3 +354,40 @@ def test_blocked_sweep_with_several_blocks_matches_enumeration(family):
     draws = jax.jit(jax.vmap(chain))(jax.random.split(jax.random.key(11), chains))
     tv = total_variation(np.asarray(draws).reshape(-1, n), parts, probs)
     assert tv < TV_TOLERANCE, tv
+
+
+@pytest.mark.parametrize("family", [NG, bnp.NormalWishart(m0=np.zeros(1), r=0.3, nu=3.0, psi=np.eye(1))],
+                         ids=["NormalGamma", "NormalWishart"])
+@pytest.mark.parametrize("measure", [bnp.DP(1.0), bnp.PitmanYor(1.0, 0.3)], ids=["DP", "PitmanYor"])
+def test_sweep_scored_in_slot_tiles_equals_all_slots_at_once(family, measure, monkeypatch):
+    """With more slots than ``SLOT_TILE`` a block is scored tile by tile up to the highest
+    occupied slot (empty slots have weight zero). Same keys, same draws as scoring every
+    slot at once (one tile), on 40 slots (not a multiple of 16: the last tile overlaps):
+    five separated groups held in slots up to 39 with gaps between them, swept from there
+    with 12 keys and along a chain that opens and closes clusters. The enumeration
+    tests above check the all-at-once sweep."""
+    from jaxbnp.inference.partition import gibbs
+    from jaxbnp.inference.partition.clusters import clusters_from_labels
+
+    n, capacity, slots = 30, 40, np.array([3, 17, 39, 21, 33])
+    group = np.arange(n) % 5
+    X = jnp.asarray(0.2 * np.random.default_rng(9).normal(size=(n, 1)) + 2.0 * (group[:, None] - 2.0))
+    labels = slots[group]
+
+    def sweeps():
+        run = jax.jit(lambda k, s: gibbs.gibbs_sweep(k, s, X, measure, family, block_size=8))
+        start = clusters_from_labels(family, X, jnp.asarray(labels), capacity)  # slots as given
+        out, state = [], start
+        for t in range(12):  # sweeps from the start (slots to 39 in use), then a chain
+            out.append(np.asarray(run(jax.random.key(100 + t), start).labels))
+            state = run(jax.random.key(t), state)
+            out.append(np.asarray(state.labels))
+        return np.stack(out)
+
+    assert gibbs.SLOT_TILE < capacity
+    tiled = sweeps()
+    monkeypatch.setattr(gibbs, "SLOT_TILE", capacity)
+    whole = sweeps()
+    np.testing.assert_array_equal(tiled, whole)
+    assert len({tuple(np.unique(z)) for z in tiled}) > 2  # clusters opened and closed
+    assert (tiled[::2] == 39).any(axis=1).all()  # the last tile in use after each first sweep

@@ -69,6 +69,9 @@ def packer(tree):
 
 #: points scored together against every cluster by :func:`assignment_sweep`
 BLOCK_SIZE = 32
+#: a block's scores are computed in tiles of this many slots, up to the highest occupied
+#: slot only (:func:`assignment_sweep`)
+SLOT_TILE = 16
 
 
 def step_uniforms(key: jax.Array, steps: int, dtype) -> jax.Array:
@@ -226,6 +229,24 @@ def assignment_sweep(
     def score(Xs, rows):
         return family.log_predictive_pairwise(Xs, unpack_params(rows))
 
+    def block_scores(Xb, table, counts):
+        if capacity <= SLOT_TILE:
+            return score(Xb, table) + log_w_of(counts)[None]
+        # an empty slot's joint log weight is −inf (count 0), so only the tiles up to the
+        # highest occupied slot are scored: new clusters take the first free slot, so a chain
+        # with K clusters in 128 slots scores about K columns, not 128 (the last tile may
+        # overlap the one before it: the same columns again)
+        top = jnp.max(jnp.where(counts > 0, slots + 1, 0))
+
+        def tile(t, joint):
+            start = jnp.minimum(t * SLOT_TILE, capacity - SLOT_TILE)
+            rows = lax.dynamic_slice_in_dim(table, start, SLOT_TILE)
+            part = score(Xb, rows) + log_w_of(lax.dynamic_slice_in_dim(counts, start, SLOT_TILE))[None]
+            return lax.dynamic_update_slice_in_dim(joint, part.astype(joint.dtype), start, axis=1)
+
+        empty = jnp.full((Xb.shape[0], capacity), -jnp.inf, jnp.result_type(table.dtype, Xb.dtype))
+        return lax.fori_loop(0, (top + SLOT_TILE - 1) // SLOT_TILE, tile, empty)
+
     def block(b, carry):
         labels, counts, table, stats_table, overflow = carry
         if contiguous:
@@ -238,7 +259,7 @@ def assignment_sweep(
             own0 = labels[idx]
         # (B, capacity) log w_k + log p(x | X_k) at the block's start (u is fixed in a sweep,
         # so a step reads joint log weights instead of taking a log per slot)
-        joint_b = score(Xb, table) + log_w_of(counts)[None]
+        joint_b = block_scores(Xb, table, counts)
 
         def step(j, c):
             own, counts, table, stats_table, overflow, joint_b = c
