@@ -272,18 +272,23 @@ def reassign_moves(key, X, valid, labels, counts, stats, measure, family, num_mo
     u_pts = uniform_rows(jax.random.fold_in(key, 0), start, n_local, 2 * M, dtype)
     slots = jnp.arange(C)
 
-    def log_joint_change(cnt0, st0, cnt1, st1):
+    def log_joint_change(cnt0, st0, cnt1, st1, c, dest):
         """The change of ``log p(Π) + Σ log P(X_k) + log (C − K)!`` of the labelled target
-        (§7); both states' marginals in one call (one compiled copy)."""
-        both = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), st0, st1)
-        marg = jnp.where(jnp.concatenate([cnt0, cnt1]) > 0, family.log_marginal(both), 0.0)
+        (§7); only slots ``c`` and ``dest`` differ, so only their four marginals are
+        computed (in one call: one compiled copy)."""
+        pair = jnp.stack([c, dest])
+        both = jax.tree.map(lambda x, y: jnp.concatenate([x[pair], y[pair]]), st0, st1)
+        marg = jnp.where(jnp.concatenate([cnt0[pair], cnt1[pair]]) > 0, family.log_marginal(both), 0.0)
         eppf = (measure.log_eppf(cnt0), measure.log_eppf(cnt1))
         slots_term = gammaln(C - jnp.stack([jnp.sum(cnt0 > 0), jnp.sum(cnt1 > 0)]) + 1.0)
-        return (eppf[1] - eppf[0] + jnp.sum(marg[C:]) - jnp.sum(marg[:C]) + slots_term[1]
+        return (eppf[1] - eppf[0] + marg[2] + marg[3] - marg[0] - marg[1] + slots_term[1]
                 - slots_term[0])
 
+    def predictive_rows(tree, ks):
+        return family.predictive_params(jax.tree.map(lambda s: s[ks], tree))
+
     def move(carry, m):
-        labels, counts, stats, num = carry
+        labels, counts, stats, table, num = carry
         u = jax.random.uniform(jax.random.fold_in(key, m + 1), (3,), dtype)
         K = jnp.sum(counts > 0)
         c, chosen = _choose_point(u[0], u_pts[:, 2 * m], u_pts[:, 2 * m + 1], labels, valid,
@@ -295,7 +300,11 @@ def reassign_moves(key, X, valid, labels, counts, stats, measure, family, num_mo
         st0 = jax.tree.map(lambda s, p: s.at[c].add(-p), stats, ps_i)
         st0 = jax.tree.map(lambda s: jnp.where((cnt0 > 0).reshape((C,) + (1,) * (s.ndim - 1)), s, 0.0), st0)
         log_existing, log_new = measure.gibbs_log_weights(cnt0)
-        w = log_existing + family.log_predictive(x, st0).astype(dtype)  # -inf for empty slots
+        # every slot's predictive from the carried parameters, c's refitted without i (the
+        # table holds each slot's predictive parameters: only the two changed slots are
+        # refitted after a move, not all C)
+        table0 = jax.tree.map(lambda t, r: t.at[c].set(r[0]), table, predictive_rows(st0, c[None]))
+        w = log_existing + family.log_predictive_from_params(x, table0).astype(dtype)  # -inf: empty
         w_new = log_new + family.prior_log_predictive(x).astype(dtype)
         # forward: another occupied slot, or a new cluster when c keeps other points
         can_new = cnt0[c] > 0
@@ -320,16 +329,19 @@ def reassign_moves(key, X, valid, labels, counts, stats, measure, family, num_mo
                      - jax.nn.logsumexp(rev_logits))
         log_sel = (jnp.log(K.astype(dtype)) + jnp.log(counts[c].astype(dtype))
                    - jnp.log(jnp.sum(cnt1 > 0).astype(dtype)) - jnp.log(cnt1[dest].astype(dtype)))
-        log_r = log_joint_change(counts, stats, cnt1, st1) + log_q_rev - log_q + log_sel
+        log_r = log_joint_change(counts, stats, cnt1, st1, c, dest) + log_q_rev - log_q + log_sel
         ok = jnp.log(jax.random.uniform(jax.random.fold_in(key, M + m + 1), (), dtype)) < log_r
         num = num + (ok & ~can_new).astype(jnp.int32)
         labels = jnp.where(ok & chosen, dest, labels)
         counts = jnp.where(ok, cnt1, counts)
         stats = jax.tree.map(lambda a_, b_: jnp.where(ok, b_, a_), stats, st1)
-        return (labels, counts, stats, num), None
+        pair = jnp.stack([c, dest])
+        moved = predictive_rows(st1, pair)
+        table = jax.tree.map(lambda t, r: t.at[pair].set(jnp.where(ok, r, t[pair])), table, moved)
+        return (labels, counts, stats, table, num), None
 
-    (labels, counts, stats, num), _ = lax.scan(move, (labels, counts, stats, jnp.int32(0)),
-                                               jnp.arange(M))
+    carry = (labels, counts, stats, family.predictive_params(stats), jnp.int32(0))
+    (labels, counts, stats, _, num), _ = lax.scan(move, carry, jnp.arange(M))
     return labels, counts, stats, num
 
 
