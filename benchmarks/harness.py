@@ -27,7 +27,8 @@ if str(REPO_ROOT) not in sys.path:
 
 __all__ = [
     "REPO_ROOT", "RESULTS", "utc_now", "load_average", "git_state", "machine_info", "cpu_seconds",
-    "other_cpu_seconds", "summarize", "write_json", "write_lines", "fit_bgm", "compile_stats",
+    "other_cpu_seconds", "summarize", "median_seconds", "write_json", "write_lines", "fit_bgm",
+    "compile_stats",
 ]
 
 
@@ -141,6 +142,20 @@ def summarize(times: list[float]) -> dict:
         "repeats": len(times),
         "times_s": times,
     }
+
+
+def median_seconds(fn, *args, repeats: int = 5) -> float:
+    """The median wall time of ``fn(*args)`` over ``repeats`` calls, each waited for
+    (``jax.block_until_ready``), after one call that is not timed (compilation)."""
+    import jax  # here: importing the harness imports no JAX (module docstring)
+
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t)
+    return float(statistics.median(times))
 
 
 def write_json(path: Path, res: Any, indent: int = 1) -> None:

@@ -27,9 +27,9 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
-from harness import REPO_ROOT, RESULTS, git_state, machine_info, utc_now, write_json, write_lines
+from harness import (REPO_ROOT, RESULTS, git_state, machine_info, median_seconds, utc_now, write_json,
+                     write_lines)
 
 _CHILD = r"""
 import json, sys, time
@@ -100,14 +100,7 @@ def scores_table(dims, clusters, blocks, repeats):
         return p.log_norm[None] - (0.5 * (p.nun - d + 1.0 + d))[None] * jnp.log1p(q * (p.rn / (p.rn + 1.0))[None])
 
     def timed(f, *args):
-        f = jax.jit(f)
-        jax.block_until_ready(f(*args))
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
+        return median_seconds(jax.jit(f), *args, repeats=repeats)
 
     rng = np.random.default_rng(0)
     rows = []

@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS, machine_info, utc_now, write_json, write_lines  # noqa: E402
+from harness import RESULTS, machine_info, median_seconds, utc_now, write_json, write_lines  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -55,26 +54,16 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "nrmm" / "10k"
 F32 = 4
 
 
-def median_time(fn, *args, repeats=5):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def peak_flops() -> float:
     a = jnp.ones((2048, 2048), jnp.float32)
     f = jax.jit(lambda a: a @ a)
-    return 2 * 2048**3 / median_time(f, a)
+    return 2 * 2048**3 / median_seconds(f, a)
 
 
 def bandwidth() -> float:
     x = jnp.ones((64 * 2**20,), jnp.float32)
     f = jax.jit(lambda x: x + 1.0)
-    return 2 * x.size * F32 / median_time(f, x)
+    return 2 * x.size * F32 / median_seconds(f, x)
 
 
 def gibbs_counts(n, d, capacity, block=BLOCK_SIZE):
@@ -148,7 +137,7 @@ def main(argv=None):
     Xj = jnp.asarray(X)
     st = init_clusters(fam, Xj, y, 128)
     sweep = jax.jit(lambda k, s: gibbs_sweep(k, s, Xj, bnp.DP(1.0), fam))
-    t = median_time(sweep, jax.random.key(0), st, repeats=9)
+    t = median_seconds(sweep, jax.random.key(0), st, repeats=9)
     flops, bytes_ = gibbs_counts(X.shape[0], X.shape[1], 128)
     res["rows"].append(dict(sweep="Gibbs, 10k x 6, K = 119, capacity 128", time_s=t, flops=flops,
                             bytes=bytes_, steps=X.shape[0]))
@@ -164,7 +153,7 @@ def main(argv=None):
         fam_m = mapdp_core.default_prior(np.asarray(Xm), covariance=covariance)
         st_m = clusters_from_labels(fam_m, Xm, jnp.asarray(ym, jnp.int32), 64)
         msweep = jax.jit(lambda s, f=fam_m: mapdp_core.batched_sweep(s, Xm, bnp.DP(1.0), f, 4096))
-        t = median_time(msweep, st_m, repeats=3)
+        t = median_seconds(msweep, st_m, repeats=3)
         flops, bytes_ = counts(args.n_mapdp, 10, 64)
         res["rows"].append(dict(
             sweep=f"MAP-DP batched, {what}, {args.n_mapdp:,} x 10, K = 30, capacity 64",
