@@ -113,13 +113,17 @@ def _restricted_scans(
     rank_one = hasattr(family, "params_add") and hasattr(family, "params_remove")
     per_scan = jnp.maximum(num_moving, 1)
 
+    def where_in_scans(t):
+        """Step ``t``'s scan, its position in the scan and the point it visits."""
+        scan = t // per_scan
+        position = t - scan * per_scan
+        return scan, position, order[position]
+
     def choose(t, counts, scores):
         """The step's draw given ``scores`` (``(2,)`` log predictives of ``x`` under A and B
         without it) and the counts without it: ``(to_a, log p(choice) in the last scan)``."""
-        scan = t // per_scan
-        position = t - scan * per_scan
+        scan, position, k = where_in_scans(t)
         last = scan == num_scans - 1
-        k = order[position]
         # both clusters keep i or j, so both weights are the "existing cluster" ones
         log_w, _ = measure.gibbs_log_weights(counts, u)
         logits = log_w + scores
@@ -138,16 +142,16 @@ def _restricted_scans(
 
         def body(t, carry):
             side, table, counts, log_q = carry
-            k = order[(t - (t // per_scan) * per_scan)]
+            k = where_in_scans(t)[2]
             x = X[k]
             own = jnp.where(side[k], 0, 1)
-            rows = unpack_params(table)
-            own_row = jax.tree.map(lambda a: a[own][None], rows)
+            own_row = unpack_params(table[own][None])
             if removed_score:
                 own_score = family.log_predictive_removed(own_row, x)[0]
             else:
                 own_score = family.log_predictive_from_params(x, family.params_remove(own_row, x))[0]
-            scores = jnp.where(jnp.arange(2) == own, own_score, family.log_predictive_from_params(x, rows))
+            other_score = family.log_predictive_from_params(x, unpack_params(table[1 - own][None]))[0]
+            scores = jnp.where(jnp.arange(2) == own, own_score, other_score)
             counts_out = counts - (jnp.arange(2) == own).astype(counts.dtype)
             to_a, lq = choose(t, counts_out, scores)
             new = jnp.where(to_a, 0, 1)
@@ -167,7 +171,7 @@ def _restricted_scans(
     else:
         def body(t, carry):
             side, state, counts, log_q = carry
-            k = order[(t - (t // per_scan) * per_scan)]
+            k = where_in_scans(t)[2]
             x = X[k]
             member = jnp.stack([side[k], ~side[k]])
             state = (state - jnp.where(member[:, None], point_stats[k], 0.0)).astype(state.dtype)
