@@ -53,7 +53,8 @@ import numpy as np
 from harness import RESULTS, cpu_seconds, utc_now, machine_info, other_cpu_seconds, write_json, write_lines
 
 METHODS = ("MAPDP", "MAPDP-diag", "DPM-gibbs", "DPM-splitmerge", "DPM-subcluster", "CLI", "BGM-full",
-           "BGM-diag", "KMeans-trueK", "DPM-auxiliary", "DPM-auxiliary-t")
+           "BGM-diag", "KMeans-trueK", "DPM-auxiliary", "DPM-auxiliary-t",
+           "DPM-subcluster-kmeans")
 
 
 def _random_covariances(rng, k: int, d: int, spread: float = 10.0) -> np.ndarray:
@@ -147,6 +148,9 @@ def _estimator(method: str, n: int, k_true: int, X=None):
         return bnp.MAPDP(random_state=0, family=default_prior(X, covariance="diag"))
     if method == "DPM-auxiliary-t":  # Student-t clusters, their parameters sampled
         return bnp.DirichletProcessMixture(method="auxiliary", likelihood="student-t", random_state=0,
+                                           progress_bar=False)
+    if method == "DPM-subcluster-kmeans":  # sub-cluster MCMC from the others' k-means++ start
+        return bnp.DirichletProcessMixture(method="subcluster", init="kmeans++", random_state=0,
                                            progress_bar=False)
     if method.startswith("DPM-"):
         return bnp.DirichletProcessMixture(method=method[4:], random_state=0, progress_bar=False)

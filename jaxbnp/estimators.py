@@ -102,8 +102,9 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         (the same model), and ``nll_``, ``nll_trace_``, predictions and densities are of
         ``X`` itself. With fewer points than a covariance has entries, ``n < D (D + 1) / 2``
         (``mapdp.default_covariance``), it is the diagonal ``default_prior(X,
-        covariance="diag")`` on ``X`` (a ``NormalGamma``, the default before for every
-        ``n``; on elongated clusters it cuts each into diagonal pieces, docs/benchmarks.md).
+        covariance="diag")`` on ``X`` (a ``NormalGamma`` with within-group variances, worth
+        ``D + 1`` points, which is the same model in any units; on elongated clusters a
+        diagonal prior cuts each into diagonal pieces, docs/benchmarks.md).
     :param measure: ``DP(alpha)`` or ``PitmanYor(alpha, d)`` (MAP-PY);
         ``None`` means ``DP(alpha)``.
     :param n_restarts: random point orders (and k-means++ seeds) tried; the
@@ -580,8 +581,9 @@ class DirichletProcessMixture(ClusterMixin, DensityMixin, BaseEstimator):
         prior with the Ledoit-Wolf covariance: positive definite on constant or collinear
         columns, and a vague prior on the means), when there are at least as many points as
         a covariance has entries,
-        ``n >= D (D + 1) / 2``, and a diagonal one, ``NormalGamma.from_data(·)``, below
-        that (:class:`MAPDP`'s rule; 1,000 points in 50-D, digits). ``family_`` is that prior
+        ``n >= D (D + 1) / 2``, and below that :class:`MAPDP`'s diagonal one,
+        ``mapdp.default_prior(·, covariance="diag")`` (1,000 points in 50-D, digits).
+        ``family_`` is that prior
         written in the data's units (the same model), and predictions and densities are of
         ``X`` itself. Needs at least 2 points. With ``method="mapdp"`` it means
         :class:`MAPDP`'s default prior.

@@ -362,8 +362,9 @@ def _strips(n_per=200, seed=0):
 
 def test_default_prior_is_full_covariance_and_free_of_units():
     """``MAPDP()``'s default prior is a Normal-Wishart on standardised columns: elongated,
-    rotated clusters are found (the former diagonal default, ``covariance="diag"``, cuts them
-    into pieces: the power check that the data tell the two apart); and the fit does not
+    rotated clusters are found (the former diagonal default, ``covariance="diag", groups=2,
+    weight=2``, cuts them into pieces: the power check that the data tell the two apart);
+    and the fit does not
     depend on the data's units: rescaled and shifted columns give the same partition, and
     ``nll_`` and ``score_samples`` change by exactly the Jacobian."""
     from sklearn.metrics import normalized_mutual_info_score
@@ -372,7 +373,8 @@ def test_default_prior_is_full_covariance_and_free_of_units():
     est = MAPDP(random_state=0).fit(X)
     assert isinstance(est.family_, bnp.NormalWishart)
     assert est.n_clusters_ == 3 and normalized_mutual_info_score(y, est.labels_) > 0.99
-    diag = MAPDP(random_state=0, family=mapdp_core.default_prior(X, covariance="diag")).fit(X)
+    diag = MAPDP(random_state=0, family=mapdp_core.default_prior(X, covariance="diag", groups=2,
+                                                                 weight=2)).fit(X)
     assert isinstance(diag.family_, bnp.NormalGamma)
     assert diag.n_clusters_ >= 5 and normalized_mutual_info_score(y, diag.labels_) < 0.8
     # the reported prior is the model on X: its log joint of X is -nll_
@@ -394,6 +396,58 @@ def test_default_prior_is_full_covariance_and_free_of_units():
     assert isinstance(few.family_, bnp.NormalGamma)
     assert [mapdp_core.default_covariance(n, d) for n, d in [(2, 2), (3, 2), (1797, 64), (569, 30)]] \
         == ["diag", "full", "diag", "full"]
+
+
+def test_default_prior_groups_follow_the_points_and_the_diagonal_prior_has_the_full_weight():
+    """``default_prior``'s k-means groups: 32 for the full prior; for the diagonal one at
+    most one per 20 points and at least 2; ``weight`` is how many points the covariance
+    prior is worth (``D + 1`` by default) for both variants, with the same expected
+    covariance (full) or precisions (diagonal) whatever the weight; the diagonal variant's
+    variances are within-group variances, and it is the samplers' default below
+    ``n = D (D + 1) / 2`` (``jaxbnp._defaults.default_family``)."""
+    from jaxbnp import _defaults
+
+    rng = np.random.default_rng(0)
+    small = rng.normal(size=(60, 3)) + 8.0 * (np.arange(60) % 3)[:, None]
+    d = small.shape[1]
+    assert mapdp_core.PRIOR_GROUPS == 32 and mapdp_core.PRIOR_POINTS_PER_GROUP == 20
+    # 60 points: the diagonal prior from 3 groups, not 32 (the 3 clusters cut into pieces of
+    # about 2 points, whose spread is a fraction of a cluster's: the power check)
+    auto, three, many = (mapdp_core.default_prior(small, covariance="diag", groups=g) for g in (None, 3, 32))
+    for a, b in zip(jax.tree.leaves(auto), jax.tree.leaves(three)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert np.all(np.asarray(many.b0) < 0.5 * np.asarray(auto.b0))
+    # the full prior keeps 32 groups, and so does the diagonal one from 640 points on
+    for a, b in zip(jax.tree.leaves(mapdp_core.default_prior(small)),
+                    jax.tree.leaves(mapdp_core.default_prior(small, groups=32))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    big = np.concatenate([small] * 11)  # 660 points
+    for a, b in zip(jax.tree.leaves(mapdp_core.default_prior(big, covariance="diag")),
+                    jax.tree.leaves(mapdp_core.default_prior(big, covariance="diag", groups=32))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # the weight: nu - D - 1 = weight, psi = weight W, a0 = weight / 2, b0 = a0 diag(W)
+    full = mapdp_core.default_prior(small)
+    diag = mapdp_core.default_prior(small, covariance="diag")
+    assert float(full.nu) == 2.0 * d + 2.0 and float(diag.a0) == (d + 1.0) / 2.0
+    W = np.asarray(full.psi) / (d + 1.0)
+    full5 = mapdp_core.default_prior(small, weight=5.0)
+    assert float(full5.nu) == d + 6.0
+    np.testing.assert_allclose(np.asarray(full5.psi) / 5.0, W, rtol=1e-12)
+    diag5 = mapdp_core.default_prior(small, covariance="diag", weight=5.0)
+    assert float(diag5.a0) == 2.5
+    np.testing.assert_allclose(np.asarray(diag.b0) / float(diag.a0), np.asarray(diag5.b0) / 2.5, rtol=1e-12)
+    # the diagonal variances: the within-group variances, as in W's diagonal up to the
+    # Ledoit-Wolf shrinkage, and nothing like the whole data's (8 apart: variance ~ 43)
+    within = np.asarray(diag.b0) / float(diag.a0)
+    assert np.all(within < 3.0) and np.all(small.var(0) > 30.0)
+    with pytest.raises(ValueError, match="weight"):
+        mapdp_core.default_prior(small, weight=0.0)
+    # the samplers' and the CLI's diagonal default is this prior (20 points in 6-D)
+    Z = rng.normal(size=(20, 6))
+    ours, mapdps = _defaults.default_family(Z), mapdp_core.default_prior(Z, covariance="diag")
+    assert isinstance(ours, bnp.NormalGamma)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(mapdps)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_subsample_start_on_more_points_than_init_size():

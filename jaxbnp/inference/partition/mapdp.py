@@ -85,10 +85,10 @@ Prior (``MAPDP(family=None)``, on standardised coordinates)
     ``D + 1`` points, instead of the data covariance (a departure: with the data
     covariance every cluster is a priori as wide as the data). The paper's
     diagonal NormalGamma with ``b0`` from a 2-means clustering is
-    ``default_prior(X, covariance="diag")``,
-    ``MAPDP()``'s default before, and still its default when ``N < D (D + 1) / 2``
-    (:func:`default_covariance`): elongated clusters cost it a cluster per diagonal
-    piece.
+    ``default_prior(X, covariance="diag", groups=2, weight=2)``, ``MAPDP()``'s default
+    before (elongated clusters cost it a cluster per diagonal piece). When
+    ``N < D (D + 1) / 2`` (:func:`default_covariance`) the default is the diagonal
+    ``default_prior(X, covariance="diag")``: the full prior's variances, with its weight.
 
 With ``split_moves=False``, ``merge_moves=False`` and ``init_clusters=1``
 (:func:`fit`'s defaults; ``MAPDP.paper()``) and ``mode="sequential"`` a run
@@ -788,8 +788,8 @@ def padded_size(n: int) -> int:
     return m << k
 
 
-PRIOR_GROUPS = 32  # k-means groups behind the default prior's within-cluster covariance
-PRIOR_GROUPS_DIAG = 2  # ... and behind the diagonal variant's within-group variance
+PRIOR_GROUPS = 32  # k-means groups (at most) behind the default prior's within-cluster covariance
+PRIOR_POINTS_PER_GROUP = 20  # ... and, for the diagonal prior, at least this many points per group
 PRIOR_SAMPLE = 4096  # points (at most) the default prior rule looks at
 
 
@@ -839,7 +839,8 @@ def _within_group_residuals(X, groups: int, seed: int):
     return Y - centres[a], var, k
 
 
-def default_prior(X, groups: int | None = None, seed: int = 0, covariance: str = "full"):
+def default_prior(X, groups: int | None = None, seed: int = 0, covariance: str = "full",
+                  weight: float | None = None):
     """The default prior of :class:`jaxbnp.estimators.MAPDP` (``family=None``), docs/mathematics.md §3.
 
     A prior whose cluster covariance is the *within-group* covariance ``W`` of a
@@ -848,22 +849,34 @@ def default_prior(X, groups: int | None = None, seed: int = 0, covariance: str =
     whole data set (the MAP-DP paper's empirical prior, and ``from_data``): with the total
     covariance the prior says every cluster is as wide as the data, so that splitting a
     cluster rarely pays. ``groups``: ``None`` means ``PRIOR_GROUPS`` (32, as many as
-    ``MAPDP()``'s start has clusters) for ``"full"`` and ``PRIOR_GROUPS_DIAG`` (2) for
-    ``"diag"``. With fewer groups than clusters, ``W`` holds the spread between the
-    clusters a group joins, and a prior as strong as the full one's then merges them (30
-    groups in 10-D: NMI 0.89 with 2 or 8 groups, 1.00 with 32). Deterministic; uses no
-    labels; NumPy and scikit-learn only.
+    ``MAPDP()``'s start has clusters); for ``"diag"`` at most one group per
+    ``PRIOR_POINTS_PER_GROUP`` (20) points, and at least 2. With fewer groups than clusters,
+    ``W`` holds the spread between the clusters a group joins, and a prior as strong as this
+    one then merges them (30 groups in 10-D: NMI 0.89 with 2 or 8 groups, 1.00 with 32).
+    With many more groups than clusters, k-means cuts each cluster into pieces narrower
+    than it; the diagonal prior is the default where there are few points for the
+    dimension (``N < D (D + 1) / 2``), where a prior worth ``D + 1`` points weighs as much
+    as a small cluster's own points and then cuts the clusters too (40 points in 10-D, 2
+    clusters: ``MAPDP()`` finds 11 with 32 groups, 2 with 2;
+    ``benchmarks/results/diag_prior_small.md``). Deterministic; uses no labels; NumPy and
+    scikit-learn only.
+
+    ``weight``: how many points the prior on the covariance is worth; ``None`` means
+    ``D + 1`` (more as a covariance has more entries).
 
     ``covariance="full"`` (``MAPDP()``'s default, which calls it on standardised data):
-    ``NormalWishart(m0 = mean, r = 1/N, ν = 2D + 2, Ψ = (ν − D − 1) W)``, so that
+    ``NormalWishart(m0 = mean, r = 1/N, ν = D + 1 + weight, Ψ = weight · W)``, so that
     ``E[Σ] = W``, with ``W`` the Ledoit-Wolf estimate from the residuals (positive definite
     with constant or collinear columns; a column with no within-group variance gets
-    variance ``var`` and no covariance). The prior is worth ``ν − D − 1 = D + 1``
-    pseudo-observations of ``W``: more as a covariance has more entries (docs/benchmarks.md
-    has the panel this was chosen on).
+    variance ``var`` and no covariance).
 
-    ``covariance="diag"`` (``MAPDP()``'s default before): ``NormalGamma(m0 = mean,
-    k0 = 1/N, a0 = 1, b0 = diag W)`` (the paper's ``b0`` is the whole data variance).
+    ``covariance="diag"`` (the default of ``MAPDP()`` and of the samplers when
+    ``N < D (D + 1) / 2``): ``NormalGamma(m0 = mean, k0 = 1/N, a0 = weight / 2,
+    b0 = a0 diag W)``, the full prior's variances with its weight (each precision
+    ``λ_d ~ Gamma(a0, rate b0)``, ``E[λ_d] = 1 / W_dd``, worth ``2 a0`` points).
+    ``MAPDP()``'s diagonal default before, the paper's NormalGamma with ``b0`` the
+    within-group variance of 2 groups instead of the whole data's variance, is
+    ``default_prior(X, covariance="diag", groups=2, weight=2)``.
     """
     import numpy as np
 
@@ -874,19 +887,25 @@ def default_prior(X, groups: int | None = None, seed: int = 0, covariance: str =
     X = np.asarray(X, dtype=float)
     n, d = X.shape
     if groups is None:
-        groups = PRIOR_GROUPS if covariance == "full" else PRIOR_GROUPS_DIAG
+        groups = PRIOR_GROUPS
+        if covariance == "diag":
+            groups = max(2, min(PRIOR_GROUPS, n // PRIOR_POINTS_PER_GROUP))
+    weight = d + 1.0 if weight is None else float(weight)
+    if not weight > 0:
+        raise ValueError(f"default_prior: weight must be positive, got {weight}.")
     R, var, k = _within_group_residuals(X, groups, seed)
     m = R.shape[0]
     within = np.sum(R ** 2, axis=0) / max(m - k, 1)
     flat = ~(within > 1e-6 * var)  # no within-group variance: the column's own variance
     if covariance == "diag":
-        return NormalGamma(m0=X.mean(axis=0), k0=1.0 / n, a0=1.0, b0=np.where(flat, var, within))
+        a0 = weight / 2.0
+        return NormalGamma(m0=X.mean(axis=0), k0=1.0 / n, a0=a0, b0=a0 * np.where(flat, var, within))
     from sklearn.covariance import ledoit_wolf
 
     W = np.atleast_2d(ledoit_wolf(R, assume_centered=True)[0]) if m > 1 else np.diag(var)
     W[flat, :] = 0.0
     W[:, flat] = 0.0
     W[flat, flat] = var[flat]
-    nu = 2.0 * d + 2.0
-    psi = (nu - d - 1.0) * W
+    nu = d + 1.0 + weight
+    psi = weight * W
     return NormalWishart(m0=X.mean(axis=0), r=1.0 / n, nu=nu, psi=0.5 * (psi + psi.T))
