@@ -292,3 +292,84 @@ def test_one_component_log_likelihood_is_a_column_of_the_matrix(family):
     for k in range(4):
         one = cleanup.log_likelihood_one(family, X, jax.tree.map(lambda a, k=k: a[k], params))
         np.testing.assert_allclose(np.asarray(one), full[:, k], rtol=1e-9, atol=1e-9)
+
+
+def _sequential_accept_blocks(rng, measure, counts, a, delta):
+    """The label blocks decided one after the other (``accept_blocks`` before its rounds)."""
+
+    def block_step(carry, inp):
+        c, corr = carry
+        d, lu = inp
+        c_new = c + d
+        corr_new = cleanup.log_correction(measure, c_new, a)
+        ok = lu < corr_new - corr
+        return (jnp.where(ok, c_new, c), jnp.where(ok, corr_new, corr)), ok
+
+    (counts, _), ok = jax.lax.scan(block_step, (counts, cleanup.log_correction(measure, counts, a)),
+                                   (delta, jnp.log(rng.blocks)))
+    return counts, ok
+
+
+@pytest.mark.parametrize("measure", [bnp.DP(0.5), bnp.PitmanYor(1.0, 0.3)])
+def test_label_blocks_and_pair_decisions_in_rounds_equal_the_sequential_steps(measure):
+    """``accept_blocks`` (rounds up to each rejection) and ``scan_rarely_changing`` (rounds up to
+    each change, the pairs' split and merge decisions) give the decisions and states of the
+    steps one after the other: on random blocks that open and close clusters (rejections
+    first, last, several and none), on a toy step against ``lax.scan``, and over whole
+    iterations that accept splits and merges (the rounds replaced by the sequential steps:
+    the same labels)."""
+    from types import SimpleNamespace
+
+    B, C = subcluster.LABEL_BLOCKS, 8
+    a = subcluster._dirichlet_shape(measure, C, jnp.float32)
+    new = jax.jit(lambda u, c, d: subcluster.accept_blocks(SimpleNamespace(blocks=u), measure, c, a, d))
+    old = jax.jit(lambda u, c, d: _sequential_accept_blocks(SimpleNamespace(blocks=u), measure, c, a, d))
+    rejections = set()
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        n = 20 + 10 * (seed % 5)
+        labels = rng.integers(0, 4, n)
+        proposal = np.where(rng.random(n) < 0.1 * (1 + seed % 6), rng.integers(0, C, n), labels)
+        block = rng.integers(0, B, n)
+        delta = np.zeros((B, C), np.int32)
+        np.add.at(delta, (block, proposal), 1)
+        np.add.at(delta, (block, labels), -1)
+        counts = np.bincount(labels, minlength=C).astype(np.int32)
+        r = jnp.asarray(rng.random(B) ** (0.05 + 0.5 * (seed % 4)), jnp.float32)
+        (c1, ok1), (c0, ok0) = new(r, counts, delta), old(r, counts, delta)
+        np.testing.assert_array_equal(ok1, ok0)
+        np.testing.assert_array_equal(c1, c0)
+        rejections.add(int(B - np.sum(ok0)))
+    assert 0 in rejections and max(rejections) >= 3  # the power: none, and several rounds
+
+    def toy(carry, x):
+        change = x > 0.7
+        return jnp.where(change, carry * 2.0 + x, carry), (change, carry + x)
+
+    for seed in range(10):
+        xs = jax.random.uniform(jax.random.key(seed), (16,)) ** (seed % 3 + 1)
+        xs = xs.at[0].set(0.9) if seed == 1 else xs.at[-1].set(0.9) if seed == 2 else xs
+        got, want = subcluster.scan_rarely_changing(toy, 1.0, xs), jax.lax.scan(toy, 1.0, xs)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+    X = jnp.asarray(_blobs())
+    step = jax.jit(subcluster.step, static_argnums=(3, 4, 5))
+
+    def chain(key):
+        labels, moves = jnp.zeros(X.shape[0], jnp.int32), 0
+        for k in jax.random.split(key, 6):
+            labels, _, info = step(k, labels, X, measure, BLOB_FAMILY, 16)
+            moves += int(info.num_splits) + int(info.num_merges)
+        return np.asarray(labels), moves
+
+    rounds = [chain(jax.random.key(s)) for s in range(2)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subcluster, "accept_blocks", _sequential_accept_blocks)
+        mp.setattr(subcluster, "scan_rarely_changing", jax.lax.scan)
+        step = jax.jit(subcluster.step, static_argnums=(3, 4, 5))
+        steps = [chain(jax.random.key(s)) for s in range(2)]
+    for (r, n_r), (s, n_s) in zip(rounds, steps):
+        np.testing.assert_array_equal(r, s)
+        assert n_r == n_s
+    assert sum(n for _, n in rounds) >= 2  # splits (or merges) were accepted
