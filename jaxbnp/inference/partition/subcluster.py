@@ -334,43 +334,19 @@ def propose_labels(X, noise, valid, labels, log_w, params, family, T: int, ll=No
     return proposal, block, delta.reshape(B, C)
 
 
-def _first(mask):
-    """The index of the first ``True`` of a vector, its length if none."""
-    n = mask.shape[0]
-    return jnp.min(jnp.where(mask, jnp.arange(n, dtype=jnp.int32), jnp.int32(n)))
-
-
 def accept_blocks(rng, measure, counts, a, delta):
-    """The label blocks' Metropolis-Hastings decisions in turn: ``(counts, block_ok)``.
+    """The label blocks' Metropolis-Hastings decisions in turn: ``(counts, block_ok)``."""
 
-    Each decision depends on the counts the blocks before it left, but most blocks are
-    accepted: a round decides every remaining block at once as though each one before it
-    were accepted (the counts after blocks ``s .. b`` are a cumulative sum), keeps the
-    decisions up to the first rejection, and goes on after it from the counts before it.
-    The same decisions as one block after the other, in one round plus one per rejection
-    instead of ``LABEL_BLOCKS`` sequential steps."""
-    B = delta.shape[0]
-    lu = jnp.log(rng.blocks)
-    idx = jnp.arange(B, dtype=jnp.int32)
-    corr_fn = jax.vmap(lambda c: _log_correction(measure, c, a))
+    def block_step(carry, inp):
+        c, corr = carry  # the counts and their log correction
+        d, lu = inp
+        c_new = c + d
+        corr_new = _log_correction(measure, c_new, a)
+        ok = lu < corr_new - corr
+        return (jnp.where(ok, c_new, c), jnp.where(ok, corr_new, corr)), ok
 
-    def round_(carry):
-        s, c, corr, ok = carry
-        after = c + jnp.cumsum(jnp.where((idx >= s)[:, None], delta, 0), axis=0)  # all accepted
-        corr_after = corr_fn(after)
-        corr_before = jnp.where(idx == s, corr, jnp.concatenate([corr[None], corr_after[:-1]]))
-        ok_all = lu < corr_after - corr_before
-        j = _first(~ok_all & (idx >= s))  # the first rejection (B: none)
-        ok = jnp.where((idx >= s) & (idx < j), True, jnp.where(idx == j, False, ok))
-        last = jnp.maximum(j - 1, 0)  # the state before block j: after j - 1 if that was decided now
-        keep = j > s
-        c = jnp.where(keep, after[jnp.minimum(last, B - 1)], c)
-        corr = jnp.where(keep, corr_after[jnp.minimum(last, B - 1)], corr)
-        return j + 1, c, corr, ok
-
-    _, counts, _, block_ok = lax.while_loop(
-        lambda carry: carry[0] < B, round_,
-        (jnp.int32(0), counts, _log_correction(measure, counts, a), jnp.zeros(B, bool)))
+    (counts, _), block_ok = lax.scan(block_step, (counts, _log_correction(measure, counts, a)),
+                                     (delta, jnp.log(rng.blocks)))
     return counts, block_ok
 
 
@@ -478,35 +454,8 @@ def decide_pairs(rng, measure, family, counts, pairs: _Pairs, split_pair, merge_
               part_counts[:, 1], log_part[:, 0], log_part[:, 1], log_union, log_q,
               rng.orient < 0.5, jnp.log(rng.accept))
     num_active = jnp.sum(counts > 0).astype(jnp.int32)
-    # the pairs in turn; most proposals are rejected and leave the counts as they were
-    _, out = scan_rarely_changing(decide, (counts, num_active, measure.log_eppf(counts)), inputs)
+    _, out = lax.scan(decide, (counts, num_active, measure.log_eppf(counts)), inputs)
     return out
-
-
-def scan_rarely_changing(step, carry, xs):
-    """``lax.scan(step, carry, xs)`` for a ``step`` whose first output says whether it changed
-    the carry (and that returns the carry unchanged otherwise), in one round per change
-    (plus one) instead of one step per element of ``xs``: a round takes every remaining
-    step at once from the current carry, keeps the outputs up to the first step that changes
-    it, and goes on after that step from the carry it left. The same outputs and final
-    carry as the scan."""
-    n = jax.tree.leaves(xs)[0].shape[0]
-    idx = jnp.arange(n, dtype=jnp.int32)
-    step_all = jax.vmap(step, in_axes=(None, 0))
-
-    def round_(state):
-        s, carry, out = state
-        carries, outs = step_all(carry, xs)
-        j = _first(jax.tree.leaves(outs)[0] & (idx >= s))  # the first change (n: none)
-        now = (idx >= s) & (idx <= j)
-        out = jax.tree.map(lambda new, old: jnp.where(now.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
-                           outs, out)
-        carry = jax.tree.map(lambda new, old: jnp.where(j < n, new[jnp.minimum(j, n - 1)], old), carries, carry)
-        return j + 1, carry, out
-
-    empty = jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), jax.eval_shape(step_all, carry, xs)[1])
-    _, carry, out = lax.while_loop(lambda state: state[0] < n, round_, (jnp.int32(0), carry, empty))
-    return carry, out
 
 
 def moved_labels(labels, side, pp: _PointPairs, acc_split, acc_merge, l_slot, r_slot):
