@@ -128,6 +128,29 @@ def test_normal_from_uniform_and_cut():
     np.testing.assert_array_equal(b, [6, 7, 8, 9])
 
 
+def test_threefry_written_out_is_jax_threefry_bit_for_bit():
+    """``_random.threefry2x32`` (the rounds written out, fused by XLA) gives the bits of JAX's
+    ``threefry2x32_p``, on random keys and counters, with broadcast counters as
+    ``uniform_rows`` passes them, under ``jit`` and not; and so ``uniform_rows`` those of the
+    primitive (the draws of every sampler built on it are unchanged)."""
+    from jax.extend.random import threefry2x32_p
+
+    rng = np.random.default_rng(0)
+    for trial in range(5):
+        k1, k2 = (jnp.uint32(v) for v in rng.integers(0, 2**32, 2))
+        x0 = jnp.asarray(rng.integers(0, 2**32, (300, 1)), jnp.uint32)
+        x1 = jnp.asarray(rng.integers(0, 2**32, (1, 7)), jnp.uint32)
+        x0, x1 = jnp.broadcast_arrays(x0, x1)
+        want = threefry2x32_p.bind(k1, k2, x0, x1)
+        for got in (_random.threefry2x32(k1, k2, x0, x1), jax.jit(_random.threefry2x32)(k1, k2, x0, x1)):
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    # the counters' edge: the largest words wrap as uint32 adds do
+    top = jnp.full((4,), 2**32 - 1, jnp.uint32)
+    for g, w in zip(_random.threefry2x32(top[0], top[1], top, top), threefry2x32_p.bind(top[0], top[1], top, top)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_uniform_rows_are_uniform_and_any_rows_equal_the_whole(dtype):
     key = jax.random.key(7)
