@@ -278,17 +278,32 @@ def test_full_capacity_raises_then_grows_under_the_runner():
 
 
 @pytest.mark.parametrize("family", [NG, bnp.NormalWishart(np.zeros(3), 0.5, 5.0, np.eye(3)),
-                                    bnp.BetaBernoulli()], ids=["NormalGamma", "NormalWishart",
-                                                               "BetaBernoulli"])
+                                    bnp.NormalWishart(np.zeros(10), 0.5, 14.0, np.eye(10)),
+                                    bnp.BetaBernoulli()],
+                         ids=["NormalGamma", "NormalWishart", "NormalWishart-D10", "BetaBernoulli"])
 def test_one_component_log_likelihood_is_a_column_of_the_matrix(family):
-    """The absorb move's one-component log-likelihood (the Gaussian families' direct form)
-    equals the column of ``family.log_likelihood``."""
+    """The absorb move's one-component log-likelihood (the Gaussian families' direct form:
+    written out column by column up to ``cleanup.SMALL_D`` dimensions, a matrix product
+    beyond) equals the column of ``family.log_likelihood``; and its weighted sums of the
+    points' statistics (written out up to ``cleanup.TINY_D`` dimensions) are the family's
+    statistics of the weighted points."""
+    d = jax.tree.leaves(family)[0].shape[-1] if isinstance(family, bnp.NormalWishart) else 3
+    assert 2 <= cleanup.TINY_D and 3 <= cleanup.SMALL_D < 10  # both paths of both functions are run
     rng = np.random.default_rng(3)
-    X = rng.normal(size=(40, 3)) if not isinstance(family, bnp.BetaBernoulli) else \
-        (rng.random((40, 3)) < 0.4).astype(float)
+    X = rng.normal(size=(40, d)) if not isinstance(family, bnp.BetaBernoulli) else \
+        (rng.random((40, d)) < 0.4).astype(float)
     stats = family.stats_from_labels(jnp.asarray(X), jnp.asarray(np.arange(40) % 4), 4)
     params = family.sample_params(jax.random.key(1), stats)
     full = np.asarray(family.log_likelihood(jnp.asarray(X), params))
     for k in range(4):
         one = cleanup.log_likelihood_one(family, X, jax.tree.map(lambda a, k=k: a[k], params))
         np.testing.assert_allclose(np.asarray(one), full[:, k], rtol=1e-9, atol=1e-9)
+    if isinstance(family, bnp.NormalWishart):
+        w = rng.random(40)
+        for cols in (2, d):  # 2: written out; d = 10: the matrix product
+            got = cleanup._weighted_sum(jnp.asarray(X[:, :cols]), None, type(family.point_stats(X[:1])),
+                                        jnp.asarray(w), None)
+            np.testing.assert_allclose(np.asarray(got.sum_xx), (X[:, :cols] * w[:, None]).T @ X[:, :cols],
+                                       rtol=1e-12)
+            np.testing.assert_allclose(np.asarray(got.sum_x), w @ X[:, :cols], rtol=1e-12)
+            np.testing.assert_allclose(float(got.n), w.sum(), rtol=1e-12)
