@@ -713,7 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "dirichlet-multinomial"],
                    help="likelihood; priors from the data. auto (the default, DirichletProcessMixture()'s): "
                    "fitted on standardised columns, normal-wishart when there are at least D(D+1)/2 "
-                   "points, else a diagonal normal-gamma; normal-wishart: auto's full prior (tgMCMC "
+                   "points, else MAPDP's diagonal normal-gamma (within-group variances, worth D+1 "
+                   "points); normal-wishart: auto's full prior (tgMCMC "
                    "settings, the Ledoit-Wolf covariance, a vague prior on the means: r = 1/n) on "
                    "standardised columns, whatever the number of points; "
                    "for mapdp the default is MAPDP's default prior (a full-covariance prior on "
