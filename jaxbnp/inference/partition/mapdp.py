@@ -828,13 +828,18 @@ def _within_group_residuals(X, groups: int, seed: int):
         i = rng.choice(m, p=near / total) if total > 0 else rng.integers(m)
         mu = np.vstack([mu, Z[i]])
         near = np.minimum(near, np.sum((Z - Z[i]) ** 2, axis=1))
+    zz = np.sum(Z * Z, axis=1)[:, None]
+
+    def nearest(mu):  # |z − μ|² = |z|² − 2 z·μ + |μ|²: no (m, k, D) array (k = 32, D in the 1,000s)
+        return np.argmin(zz - 2.0 * (Z @ mu.T) + np.sum(mu * mu, axis=1)[None], axis=1)
+
     for _ in range(20):
-        a = np.argmin(np.sum((Z[:, None, :] - mu[None]) ** 2, axis=-1), axis=1)
+        a = nearest(mu)
         new = np.array([Z[a == j].mean(axis=0) if np.any(a == j) else mu[j] for j in range(k)])
         if np.allclose(new, mu):
             break
         mu = new
-    a = np.argmin(np.sum((Z[:, None, :] - mu[None]) ** 2, axis=-1), axis=1)
+    a = nearest(mu)
     centres = np.array([Y[a == j].mean(axis=0) if np.any(a == j) else Y.mean(axis=0) for j in range(k)])
     return Y - centres[a], var, k
 
