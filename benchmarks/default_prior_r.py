@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from harness import RESULTS, fit_bgm, machine_info, utc_now, write_json, write_lines
+from harness import RESULTS, fit_bgm, machine_info, machine_line, utc_now, write_json, write_lines
 
 METHODS = ("gibbs", "splitmerge", "subcluster")
 
@@ -92,9 +92,7 @@ def main() -> None:
     lines = [
         "# The default full-covariance prior: r = 0.1 (before) against r = 1/n (now)",
         "",
-        f"`python benchmarks/default_prior_r.py` (module docstring); {start}; "
-        f"{machine['cpu_model']} ({machine['cpu_affinity']} CPUs), JAX {machine['jax']}, "
-        f"{machine['dtype']}; jaxbnp at {(machine['jaxbnp_git'] or {}).get('commit', '?')[:7]}. "
+        f"`python benchmarks/default_prior_r.py` (module docstring); {start}; {machine_line(machine)}. "
         "`DirichletProcessMixture(method=m, family="
         "NormalWishart.from_data(Z, r, shrinkage=\"ledoit-wolf\"), random_state=0)` on the "
         "standardised columns Z, every other setting at its default; NMI against the truth (K "

@@ -28,7 +28,7 @@ if str(REPO_ROOT) not in sys.path:
 __all__ = [
     "REPO_ROOT", "RESULTS", "utc_now", "load_average", "git_state", "machine_info", "cpu_seconds",
     "other_cpu_seconds", "summarize", "median_seconds", "write_json", "write_lines", "fit_bgm",
-    "compile_stats",
+    "compile_stats", "machine_line",
 ]
 
 
@@ -156,6 +156,14 @@ def median_seconds(fn, *args, repeats: int = 5) -> float:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t)
     return float(statistics.median(times))
+
+
+def machine_line(machine: dict) -> str:
+    """A results file's one-line account of :func:`machine_info`: CPU, usable CPUs, JAX,
+    dtype and jaxbnp's commit."""
+    commit = (machine["jaxbnp_git"] or {}).get("commit", "?")[:7]
+    return (f"{machine['cpu_model']} ({machine['cpu_affinity']} CPUs), JAX {machine['jax']}, "
+            f"{machine['dtype']}; jaxbnp at {commit}")
 
 
 def write_json(path: Path, res: Any, indent: int = 1) -> None:

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from harness import RESULTS, fit_bgm, machine_info, utc_now, write_json, write_lines
+from harness import RESULTS, fit_bgm, machine_info, machine_line, utc_now, write_json, write_lines
 
 PRIORS = ("from_data", "2 groups", "default")
 METHODS = ("mapdp", "splitmerge", "gibbs", "subcluster")
@@ -47,7 +47,20 @@ def _prior(name: str, Z):
         return bnp.NormalGamma.from_data(Z)
     if name == "2 groups":
         return mapdp.default_prior(Z, covariance="diag", groups=2, weight=2)
+    if name == "32 groups":
+        return mapdp.default_prior(Z, covariance="diag", groups=32)
     return mapdp.default_prior(Z, covariance="diag")
+
+
+def _fit_labels(method: str, family, Z, seed: int):
+    """The labels of ``MAPDP`` (``method="mapdp"``) or ``DirichletProcessMixture(method=...)``
+    with ``family``, every other setting at its default."""
+    import jaxbnp as bnp
+
+    if method == "mapdp":
+        return bnp.MAPDP(family=family, random_state=seed).fit(Z).labels_
+    return bnp.DirichletProcessMixture(method=method, family=family, random_state=seed,
+                                       progress_bar=False).fit(Z).labels_
 
 
 def _diag_sets():
@@ -81,12 +94,7 @@ def diag_part(seeds: int, out_name: str) -> None:
             for method in METHODS:
                 for seed in range(seeds):
                     t0 = time.perf_counter()
-                    if method == "mapdp":
-                        est = bnp.MAPDP(family=family, random_state=seed).fit(Z)
-                    else:
-                        est = bnp.DirichletProcessMixture(method=method, family=family, random_state=seed,
-                                                          progress_bar=False).fit(Z)
-                    z = np.unique(est.labels_, return_inverse=True)[1]
+                    z = np.unique(_fit_labels(method, family, Z, seed), return_inverse=True)[1]
                     lj = float(log_joint(jnp.asarray(Z, jnp.float32), jnp.asarray(z), bnp.DP(1.0), family))
                     row = dict(set=s["name"], prior=prior, method=method, seed=seed,
                                nmi=round(float(normalized_mutual_info_score(y, z)), 3), k=int(z.max() + 1),
@@ -98,8 +106,7 @@ def diag_part(seeds: int, out_name: str) -> None:
         "# The diagonal default prior (n < D (D + 1) / 2)",
         "",
         f"`python benchmarks/prior_rules.py --part diag --seeds {seeds}` (module docstring); {start}; "
-        f"{machine['cpu_model']} ({machine['cpu_affinity']} CPUs), JAX {machine['jax']}, {machine['dtype']}; "
-        f"jaxbnp at {(machine['jaxbnp_git'] or {}).get('commit', '?')[:7]}. Fits on the standardised columns; "
+        f"{machine_line(machine)}. Fits on the standardised columns; "
         f"seeds 0-{seeds - 1}. Cells: NMI min-max (K min-max; largest cluster max) and the median "
         "log p(Z, Π) of the partitions under the prior they were fitted with.",
         "",
@@ -137,7 +144,6 @@ def _small_sets():
 def small_part(out_name: str) -> None:
     from sklearn.metrics import adjusted_rand_score
 
-    import jaxbnp as bnp
     from jaxbnp import _defaults
     from jaxbnp.inference.partition import mapdp
 
@@ -149,24 +155,18 @@ def small_part(out_name: str) -> None:
         Z = (X - shift) / scale
         row = dict(set=s["name"], groups_now=max(2, min(mapdp.PRIOR_GROUPS, len(Z) // mapdp.PRIOR_POINTS_PER_GROUP)))
         for prior in priors:
-            family = (mapdp.default_prior(Z, covariance="diag", groups=32) if prior == "32 groups"
-                      else _prior(prior, Z))
+            family = _prior(prior, Z)
             for method in METHODS:
-                if method == "mapdp":
-                    est = bnp.MAPDP(family=family, random_state=0).fit(Z)
-                else:
-                    est = bnp.DirichletProcessMixture(method=method, family=family, random_state=0,
-                                                      progress_bar=False).fit(Z)
-                row[f"{prior}/{method}"] = dict(ari=round(float(adjusted_rand_score(y, est.labels_)), 2),
-                                                k=int(np.unique(est.labels_).size))
+                labels = _fit_labels(method, family, Z, 0)
+                row[f"{prior}/{method}"] = dict(ari=round(float(adjusted_rand_score(y, labels)), 2),
+                                                k=int(np.unique(labels).size))
         print(row, flush=True)
         rows.append(row)
     lines = [
         "# The diagonal default prior on few points: k-means groups behind the within-group variances",
         "",
         f"`python benchmarks/prior_rules.py --part small` (module docstring); {start}; "
-        f"{machine['cpu_model']} ({machine['cpu_affinity']} CPUs), JAX {machine['jax']}, {machine['dtype']}; "
-        f"jaxbnp at {(machine['jaxbnp_git'] or {}).get('commit', '?')[:7]}. Each method with the prior of "
+        f"{machine_line(machine)}. Each method with the prior of "
         "the row (`32 groups`: the default's rule without its cap of one group per 20 points; "
         "`default`: with it), `random_state=0`, on the standardised columns; ARI against the truth "
         "(K found).",

@@ -364,9 +364,8 @@ def test_default_prior_is_full_covariance_and_free_of_units():
     """``MAPDP()``'s default prior is a Normal-Wishart on standardised columns: elongated,
     rotated clusters are found (the former diagonal default, ``covariance="diag", groups=2,
     weight=2``, cuts them into pieces: the power check that the data tell the two apart);
-    and the fit does not
-    depend on the data's units: rescaled and shifted columns give the same partition, and
-    ``nll_`` and ``score_samples`` change by exactly the Jacobian."""
+    and the fit does not depend on the data's units: rescaled and shifted columns give the
+    same partition, and ``nll_`` and ``score_samples`` change by exactly the Jacobian."""
     from sklearn.metrics import normalized_mutual_info_score
 
     X, y = _strips()

@@ -143,8 +143,7 @@ def absorb_moves(key, X, valid, labels, counts, stats, log_w, params, ll, measur
     ``num_sweeps``-sweep launch beside ``θ_h`` gives ``c`` (the reverse), then redraws the
     labels of ``U`` between the two but ``i``'s, which stays in ``c``. Metropolis-Hastings
     with the labels of ``U`` summed out (the finite mixture's ratio), then the count
-    correction of the label step
-    (delayed acceptance): exact for the partition posterior.
+    correction of the label step (delayed acceptance): exact for the partition posterior.
 
     :returns: ``(labels, counts, stats, num_absorbed)``, the last the number of accepted
         moves that emptied a slot.
